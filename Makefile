@@ -1,0 +1,34 @@
+# The two set-up commands on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export FEDFLOCK_DATA ?= $(abspath ../shared/data)
+
+.PHONY: demo test lint install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned, so pip takes the local CPU build instead of a CUDA one.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedflock compare configs/demo.yaml --algorithms cfl,fedavg --out runs/demo
+	$(BIN)/fedflock report runs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf runs .pytest_cache

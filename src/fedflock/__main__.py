@@ -1,0 +1,3 @@
+from fedflock.cli import main
+
+main()

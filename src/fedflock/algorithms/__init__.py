@@ -1,0 +1,23 @@
+"""One module of server logic per method, found by name through `ALGORITHMS`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ValidationError
+
+from fedflock.algorithms import cfl, fedavg, fedavg_ft, local, oracle  # noqa: F401 (register)
+from fedflock.algorithms.base import Algorithm
+from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.config import AlgorithmConfig, format_validation_error
+from fedflock.errors import ConfigError
+
+
+def validate_params(cfg: AlgorithmConfig) -> BaseModel:
+    """The algorithm's own typed parameters; a bad key or value is one `ConfigError` line."""
+    cls = ALGORITHMS.get(cfg.name)
+    try:
+        return cls.Params.model_validate(cfg.params())
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "algorithm")) from None
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "validate_params"]

@@ -1,0 +1,120 @@
+"""Clustered Federated Learning (Sattler, Müller, Samek, arXiv 1910.01991).
+
+Server logic: FedAvg per cluster; when a cluster's clients stop agreeing (see the split rules),
+bipartition it by the min-max cut of the cosine similarity of their weight-updates, record the
+split in the parameter tree, and continue recursively in each part.
+
+Split rules (`split_rule`):
+- `auto` (default, needs no tuning): the Calinski-Harabasz pseudo-F of the min-max bipartition,
+  computed from the cosine matrix of unit-normalised updates, exceeds `f_threshold` in each of
+  the cluster's last `patience` rounds. The statistic is scale-free (about 1 for structureless
+  updates, whatever their norms), so one threshold serves every dataset and model.
+- `eps`: the paper's rule: mean-update norm < eps1 and max client-update norm > eps2, and the
+  split is accepted only if gamma_max < sqrt((1 - alpha_cross_max) / 2).
+Both require a cluster of at least `min_cluster_size` clients (the paper: more than 2) that all
+replied this round, after `warmup_rounds` rounds of FedAvg.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedflock.algorithms.base import Cluster
+from fedflock.algorithms.clustered import ClusteredAlgorithm
+from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.client.protocol import TrainReply
+from fedflock.clustering import ParameterTree, split_stats
+from fedflock.clustering.split_stats import SplitStats
+from fedflock.similarity import cosine_matrix
+
+
+class CFLParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    split_rule: Literal["auto", "eps"] = "auto"
+    warmup_rounds: int = Field(10, ge=0)
+    f_threshold: float = Field(3.5, gt=1.0)
+    patience: int = Field(3, ge=1)
+    eps1: float | None = Field(None, gt=0)
+    eps2: float | None = Field(None, gt=0)
+    gamma_check: bool | None = None  # default: on for `eps` (the paper), off for `auto`
+    linkage: Literal["single", "complete"] = "single"
+    min_cluster_size: int = Field(3, ge=2)
+    max_clusters: int | None = Field(None, ge=1)
+    update: Literal["weights", "gradients"] = "weights"
+
+    @model_validator(mode="after")
+    def _eps_given(self) -> CFLParams:
+        if self.split_rule == "eps" and (self.eps1 is None or self.eps2 is None):
+            raise ValueError("split_rule 'eps' needs eps1 and eps2")
+        return self
+
+
+@ALGORITHMS.register("cfl", "Clustered FL (Sattler et al.): recursive bipartition by update cosine")
+class CFL(ClusteredAlgorithm):
+    name = "cfl"
+    Params = CFLParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.update_mode = "gradient" if self.params.update == "gradients" else "update"
+        self.param_tree = ParameterTree()
+        self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
+
+    def _fires(self, rnd: int, cluster: Cluster, stats: SplitStats) -> bool:
+        p = self.params
+        if p.split_rule == "eps":
+            return stats.mean_norm < p.eps1 and stats.max_norm > p.eps2
+        recent = cluster.history[-p.patience :]
+        return len(recent) == p.patience and min(recent) > p.f_threshold
+
+    def partition(self, rnd: int, cluster: Cluster, replies: list[TrainReply],
+                  diag: dict[str, Any]) -> list[list[int]] | None:
+        p = self.params
+        if len(replies) < len(cluster.members) or len(cluster.members) < p.min_cluster_size:
+            cluster.history.clear()  # statistics need a full, large enough cluster
+            return None
+        replies = sorted(replies, key=lambda r: r.client)
+        updates = torch.stack([r.update[: self.update_size] for r in replies])
+        weights = torch.tensor([float(r.num_examples) for r in replies])
+        similarity = cosine_matrix(updates).numpy()
+        stats = split_stats(updates, weights, similarity, p.linkage)
+        diag.update(pseudo_f=round(stats.pseudo_f, 4), gap=round(stats.gap, 4))
+        if rnd < p.warmup_rounds:
+            return None
+        cluster.history.append(stats.pseudo_f)
+        gamma_check = p.gamma_check if p.gamma_check is not None else p.split_rule == "eps"
+        if not self._fires(rnd, cluster, stats):
+            return None
+        if gamma_check and not stats.gamma_max < stats.gamma_bound:
+            return None
+        if p.max_clusters is not None and len(self._clusters) >= p.max_clusters:
+            return None
+        members = [r.client for r in replies]
+        parts = [[members[i] for i in part] for part in stats.parts]
+        children = [self._next_id, self._next_id + 1]
+        self.param_tree.record_split(
+            cluster.id, rnd, cluster.params,
+            [(cid, part, updates[idx]) for cid, part, idx in
+             zip(children, parts, [torch.tensor(x) for x in stats.parts], strict=True)],
+        )
+        self.splits.append({"round": rnd, "parent": cluster.id, "children": children,
+                            "sizes": [len(x) for x in parts], "members": parts,
+                            **stats.figures()})
+        self.split_matrices.append((members, similarity))
+        return parts
+
+    def tree(self) -> list[dict[str, Any]]:
+        return self.param_tree.describe()
+
+    def leaf_models(self) -> dict[int, torch.Tensor]:
+        return {c.id: c.params for c in self._clusters}
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"tree": self.param_tree.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.param_tree = ParameterTree.from_dict(state["tree"])

@@ -1,0 +1,44 @@
+"""FedAvg followed by local fine-tuning of the final global model on each client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedflock.algorithms.clustered import ClusteredAlgorithm
+from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.client.protocol import TrainReply, TrainTask
+
+
+class FineTuneParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    finetune_epochs: int = Field(3, ge=1)
+
+
+@ALGORITHMS.register("fedavg_ft", "FedAvg, then each client fine-tunes the global model locally")
+class FedAvgFineTune(ClusteredAlgorithm):
+    name = "fedavg_ft"
+    Params = FineTuneParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.personal: dict[int, torch.Tensor] = {}
+
+    def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+        return [TrainTask(c, self.model_of(c), rnd, epochs=self.params.finetune_epochs)
+                for c in clients]
+
+    def finalize(self, replies: list[TrainReply]) -> None:
+        self.personal = {r.client: self.model_of(r.client) + r.update for r in replies}
+
+    def model_of(self, client: int) -> torch.Tensor:
+        return self.personal.get(client, super().model_of(client))
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"personal": self.personal}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.personal = state.get("personal", {})

@@ -1,0 +1,96 @@
+"""The client side of a federation: local data, the model template and the privacy mask.
+
+Every engine drives clients through this object (the embedded executors and a Flower ClientApp
+alike): it unmasks what the server sends, runs the task, and masks what goes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.training import evaluate_model, gradient_step, task_seed, train_model
+from fedflock.config import ModelConfig, PrivacyConfig, TrainingConfig
+from fedflock.data.scenarios import FederatedData
+from fedflock.models import FlatSpec, build_model
+from fedflock.privacy import PermutationMask
+
+
+class ClientRuntime:
+    def __init__(self, data: FederatedData, model: ModelConfig, training: TrainingConfig,
+                 seed: int, privacy: PrivacyConfig | None = None) -> None:
+        self.dtype = torch.float64 if training.dtype == "float64" else torch.float32
+        self.data = data
+        self.model_cfg = model
+        self.training = training
+        self.seed = seed
+        self.model = build_model(model, data.input_shape, data.num_classes).to(self.dtype)
+        self.spec = FlatSpec.of(self.model)
+        privacy = privacy or PrivacyConfig()
+        self.mask = PermutationMask(self.spec, privacy.mask_seed) if privacy.masking else None
+        for c in data.clients:
+            c.x_train, c.x_test = c.x_train.to(self.dtype), c.x_test.to(self.dtype)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.data.clients)
+
+    def num_examples(self, client: int) -> int:
+        return self.data.clients[client].num_train
+
+    def initial_params(self) -> torch.Tensor:
+        """The model every client agrees to start from (seeded), as the server will hold it."""
+        torch.manual_seed(self.seed)
+        model = build_model(self.model_cfg, self.data.input_shape, self.data.num_classes)
+        return self.send(self.spec.flatten(model.to(self.dtype)))
+
+    def receive(self, vector: torch.Tensor) -> torch.Tensor:
+        return self.mask.unmask(vector) if self.mask is not None else vector
+
+    def send(self, vector: torch.Tensor) -> torch.Tensor:
+        return self.mask.mask(vector) if self.mask is not None else vector
+
+    def task_seed(self, task: TrainTask) -> int:
+        salt = "train" if task.epochs is None else "finetune"
+        return task_seed(self.seed, task.round, task.client, salt)
+
+    def train(self, task: TrainTask) -> TrainReply:
+        data = self.data.clients[task.client]
+        start = self.receive(task.params).to(self.dtype)
+        if task.mode == "gradient":
+            update, loss = gradient_step(self.model, self.spec, start, data.x_train,
+                                         data.y_train, self.training)
+        else:
+            update, loss = train_model(self.model, self.spec, start, data.x_train, data.y_train,
+                                       self.training, self.task_seed(task), task.epochs)
+        return TrainReply(task.client, self.send(update), data.num_train, loss)
+
+    def train_many(self, tasks: Iterable[TrainTask]) -> list[TrainReply]:
+        return [self.train(t) for t in tasks]
+
+    def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+        """(accuracy, loss) of each client's own model on its held-out data.
+
+        Clients sharing one model tensor (a cluster) are evaluated in one forward pass.
+        """
+        by_model: dict[int, list[int]] = {}
+        tensors: dict[int, torch.Tensor] = {}
+        for client, params in models.items():
+            by_model.setdefault(id(params), []).append(client)
+            tensors[id(params)] = params
+        out: dict[int, tuple[float, float]] = {}
+        for key, clients in by_model.items():
+            self.spec.load(self.model, self.receive(tensors[key]).to(self.dtype))
+            xs = torch.cat([self.data.clients[c].x_test for c in clients])
+            ys = torch.cat([self.data.clients[c].y_test for c in clients])
+            correct, losses = evaluate_model(self.model, xs, ys)
+            offset = 0
+            for c in clients:
+                n = len(self.data.clients[c].y_test)
+                acc = float(correct[offset : offset + n].float().mean()) if n else float("nan")
+                loss = float(losses[offset : offset + n].mean()) if n else float("nan")
+                out[c] = (acc, loss)
+                offset += n
+        return out

@@ -1,0 +1,83 @@
+"""The CFL parameter tree: every split keeps the model it split from and the clients' updates on
+each edge, so a new client can later be routed to its cluster (the paper's Algorithm 4) by
+computing its own update at each node's model and following the most similar edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedflock.similarity import cosine_matrix
+
+
+@dataclass
+class TreeNode:
+    id: int
+    parent: int | None
+    members: list[int]
+    split_round: int | None = None
+    params: torch.Tensor | None = None  # the model at the split (None for a leaf)
+    children: list[int] = field(default_factory=list)
+    edge_updates: dict[int, torch.Tensor] = field(default_factory=dict)  # child -> (n, d)
+
+
+class ParameterTree:
+    def __init__(self) -> None:
+        self.nodes: dict[int, TreeNode] = {}
+
+    def add_root(self, node_id: int, members: list[int]) -> None:
+        self.nodes[node_id] = TreeNode(node_id, None, list(members))
+
+    def record_split(self, parent: int, round_: int, params: torch.Tensor,
+                     children: list[tuple[int, list[int], torch.Tensor]]) -> None:
+        node = self.nodes[parent]
+        node.split_round, node.params = round_, params.clone()
+        for child_id, members, updates in children:
+            self.nodes[child_id] = TreeNode(child_id, parent, list(members))
+            node.children.append(child_id)
+            node.edge_updates[child_id] = updates.clone()
+
+    @property
+    def root(self) -> int:
+        return next(n.id for n in self.nodes.values() if n.parent is None)
+
+    def leaves(self) -> list[int]:
+        return [n.id for n in self.nodes.values() if not n.children]
+
+    def route(self, update_at: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, list[dict]]:
+        """Leaf id for a client whose update at a given model `update_at(params)` returns, and
+        the similarity to each edge at every step (for explaining the decision)."""
+        node = self.nodes[self.root]
+        path = []
+        while node.children:
+            assert node.params is not None
+            update = update_at(node.params).reshape(1, -1)
+            scores = {
+                child: float(cosine_matrix(update, node.edge_updates[child]).max())
+                for child in node.children
+            }
+            best = max(scores, key=lambda c: scores[c])
+            path.append({"node": node.id, "similarity": scores, "chosen": best})
+            node = self.nodes[best]
+        return node.id, path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {nid: vars(n).copy() for nid, n in self.nodes.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParameterTree:
+        tree = cls()
+        tree.nodes = {int(k): TreeNode(**v) for k, v in data.items()}
+        return tree
+
+    def describe(self) -> list[dict[str, Any]]:
+        """JSON-friendly nodes (no tensors) for summary.json and the report."""
+        return [
+            {"id": n.id, "parent": n.parent, "members": n.members, "split_round": n.split_round,
+             "children": n.children}
+            for n in sorted(self.nodes.values(), key=lambda n: n.id)
+        ]

@@ -1,0 +1,205 @@
+"""Experiment configuration: YAML validated into typed objects.
+
+Every user error becomes one `ConfigError` line naming the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedflock.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ScenarioConfig(_Strict):
+    """How client data are split and how the hidden groups differ.
+
+    `kind` is either a group shift (iid, label_permutation, label_swap, rotation, feature_skew),
+    whose samples inside each group are split by `partition`, or a pure label/quantity skew
+    (dirichlet, shards, quantity_skew) with a single hidden group, or `natural` (one client per
+    writer of a LEAF dataset).
+    """
+
+    kind: Literal[
+        "iid",
+        "label_permutation",
+        "label_swap",
+        "rotation",
+        "feature_skew",
+        "dirichlet",
+        "shards",
+        "quantity_skew",
+        "natural",
+    ] = "iid"
+    groups: int = Field(1, ge=1)
+    partition: Literal["iid", "dirichlet", "shards", "quantity_skew"] = "iid"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    classes_per_client: int = Field(2, ge=1, description="classes per client for shards")
+    quantity_sigma: float = Field(1.0, gt=0, description="log-normal sigma for quantity_skew")
+    swap_pairs: int | None = Field(None, ge=1, description="label pairs swapped per group")
+    transforms: list[Literal["none", "noise", "brightness", "invert", "contrast"]] = Field(
+        default_factory=lambda: ["none", "invert", "noise", "brightness", "contrast"]
+    )
+    noise_std: float = Field(0.5, ge=0)
+
+
+class DataConfig(_Strict):
+    dataset: str = "mnist5k"
+    root: Path | None = None
+    clients: int = Field(20, ge=1)
+    samples_per_client: int | None = Field(None, ge=1)
+    test_per_client: int | None = Field(None, ge=1)
+    scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> DataConfig:
+        if self.scenario.groups > self.clients:
+            raise ValueError(
+                f"scenario.groups ({self.scenario.groups}) must not exceed clients ({self.clients})"
+            )
+        return self
+
+    def resolved_root(self) -> Path | None:
+        if self.root is not None:
+            return self.root
+        env = os.environ.get("FEDFLOCK_DATA")
+        return Path(env) if env else None
+
+
+class ModelConfig(_Strict):
+    name: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [100])
+
+
+class TrainingConfig(_Strict):
+    local_epochs: int | None = Field(1, ge=1)
+    local_steps: int | None = Field(None, ge=1, description="overrides local_epochs when set")
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(32, ge=1)
+    executor: Literal["auto", "sequential", "batched", "processes"] = "auto"
+    workers: int | None = Field(None, ge=1)
+    dtype: Literal["float32", "float64"] = "float32"
+
+
+class AlgorithmConfig(BaseModel):
+    """`name` plus the algorithm's own parameters, validated by that algorithm."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "fedavg"
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ParticipationConfig(_Strict):
+    fraction: float = Field(1.0, gt=0, le=1)
+
+
+class PrivacyConfig(_Strict):
+    masking: bool = False
+    mask_seed: int = Field(12345, description="shared by clients only, never used by the server")
+
+
+class ExperimentConfig(_Strict):
+    seed: int = 0
+    rounds: int = Field(50, ge=1)
+    engine: Literal["embedded", "flower"] = "embedded"
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    participation: ParticipationConfig = Field(default_factory=ParticipationConfig)
+    attack: dict[str, Any] | None = None
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    checkpoint_every: int = Field(10, ge=1)
+    eval_every: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _supported(self) -> ExperimentConfig:
+        if self.engine == "flower":
+            raise ValueError("engine 'flower' is not available yet (only 'embedded')")
+        if self.attack:
+            raise ValueError("attacks are not available yet (leave 'attack' unset)")
+        return self
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """The first validation problem as one line: `config: key.path: message (got value)`."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in (prefix.split(".") if prefix else []) + list(first["loc"]))
+    msg = first["msg"].removeprefix("Value error, ")
+    got = first.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    more = len(err.errors()) - 1
+    suffix = f" [+{more} more]" if more else ""
+    return f"config: {loc or 'config'}: {msg}{shown}{suffix}"
+
+
+def parse_value(text: str) -> Any:
+    """Parse a `--set` value with YAML rules (numbers, booleans, lists)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides to a raw config mapping."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        path, value = item.split("=", 1)
+        keys = path.strip().split(".")
+        node = raw
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {path}: {key!r} is not a section")
+            node = child
+        node[keys[-1]] = parse_value(value)
+    return raw
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(f"config {path}{where}: not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level")
+    return raw
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    try:
+        config = ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+    # Algorithm parameters are validated by the algorithm itself.
+    from fedflock.algorithms import validate_params
+
+    validate_params(config.algorithm)
+    return config
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    return validate(apply_overrides(load_raw(path), overrides or []))
+
+
+def dump_config(config: ExperimentConfig) -> str:
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

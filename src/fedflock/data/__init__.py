@@ -1,0 +1,14 @@
+"""Dataset readers and heterogeneity scenarios."""
+
+from fedflock.data.datasets import DATASETS, Dataset, load_dataset
+from fedflock.data.scenarios import SCENARIO_DOCS, ClientData, FederatedData, build_federated_data
+
+__all__ = [
+    "DATASETS",
+    "SCENARIO_DOCS",
+    "ClientData",
+    "Dataset",
+    "FederatedData",
+    "build_federated_data",
+    "load_dataset",
+]

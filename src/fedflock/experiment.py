@@ -1,0 +1,218 @@
+"""An experiment: build data, clients, algorithm and engine from a config, run the rounds, and
+write the run directory (config.yaml, metrics.jsonl, summary.json, checkpoints/, splits/).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from fedflock.algorithms import ALGORITHMS, Algorithm, validate_params
+from fedflock.client.executors import choose_executor
+from fedflock.client.runtime import ClientRuntime
+from fedflock.config import ExperimentConfig, dump_config
+from fedflock.data.scenarios import build_federated_data
+from fedflock.engines.embedded import EmbeddedEngine
+from fedflock.errors import FedflockError
+
+TIMING_KEYS = ("wall_seconds", "rounds_per_second", "timing")
+
+
+def sample_clients(num_clients: int, fraction: float, seed: int, rnd: int) -> list[int]:
+    """The clients taking part in round `rnd` (seeded; everyone when fraction is 1)."""
+    k = max(1, round(fraction * num_clients))
+    if k >= num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng([seed, 2, rnd])
+    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def build_algorithm(config: ExperimentConfig, runtime: ClientRuntime, true_groups: np.ndarray
+                    ) -> Algorithm:
+    cls = ALGORITHMS.get(config.algorithm.name)
+    params = validate_params(config.algorithm)
+    if getattr(cls, "needs_true_groups", False) and getattr(params, "clusters", 0) is None:
+        groups = [np.flatnonzero(true_groups == g).tolist() for g in np.unique(true_groups)]
+        params = params.model_copy(update={"clusters": groups})
+    return cls(params, runtime.num_clients, runtime.initial_params(), runtime.spec.num_trainable)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+class Run:
+    """One run of one config into one directory; `execute` is resumable."""
+
+    def __init__(self, config: ExperimentConfig, out: Path, quiet: bool = False) -> None:
+        self.config = config
+        self.out = Path(out)
+        self.quiet = quiet
+
+    # -- run directory -------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out / "checkpoints" / "last.pt"
+
+    def _prepare_dir(self, resume: bool) -> None:
+        if resume:
+            if not self.checkpoint_path.is_file():
+                raise FedflockError(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
+            saved = (self.out / "config.yaml").read_text()
+            if saved != dump_config(self.config):
+                raise FedflockError(f"--resume: config differs from {self.out / 'config.yaml'}")
+            return
+        if (self.out / "metrics.jsonl").exists():
+            raise FedflockError(
+                f"run directory {self.out} already holds a run; use --resume or another --out"
+            )
+        (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(dump_config(self.config))
+
+    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, elapsed: float) -> None:
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        torch.save({"round": rnd, "algorithm": algorithm.state_dict(), "elapsed": elapsed}, tmp)
+        tmp.replace(self.checkpoint_path)
+
+    def _restore(self, algorithm: Algorithm) -> tuple[int, float]:
+        state = torch.load(self.checkpoint_path, weights_only=False)
+        algorithm.load_state_dict(state["algorithm"])
+        done = state["round"]
+        metrics = self.out / "metrics.jsonl"
+        if metrics.exists():  # drop rounds logged after the checkpoint
+            lines = [ln for ln in metrics.read_text().splitlines()
+                     if ln and json.loads(ln)["round"] <= done]
+            metrics.write_text("".join(ln + "\n" for ln in lines))
+        return done, state.get("elapsed", 0.0)
+
+    # -- the loop ------------------------------------------------------------------------
+    def execute(self, resume: bool = False) -> dict[str, Any]:
+        cfg = self.config
+        data = build_federated_data(cfg.data, cfg.seed)
+        runtime = ClientRuntime(data, cfg.model, cfg.training, cfg.seed, cfg.privacy)
+        algorithm = build_algorithm(cfg, runtime, data.groups)
+        self._prepare_dir(resume)
+        start_round, elapsed = self._restore(algorithm) if resume else (0, 0.0)
+        executor = choose_executor(runtime, cfg.training.executor, cfg.training.workers)
+        engine = EmbeddedEngine(runtime, executor)
+        evaluation: dict[int, tuple[float, float]] = {}
+        t_start = time.perf_counter() - elapsed
+        try:
+            with self._progress() as progress:
+                task = progress.add_task(cfg.algorithm.name, total=cfg.rounds,
+                                         completed=start_round) if progress else None
+                with (self.out / "metrics.jsonl").open("a") as log:
+                    for rnd in range(start_round + 1, cfg.rounds + 1):
+                        record, evaluation = self._round(engine, algorithm, rnd, evaluation)
+                        log.write(json.dumps(record) + "\n")
+                        log.flush()
+                        if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
+                            self._save_checkpoint(rnd, algorithm, time.perf_counter() - t_start)
+                        if progress:
+                            progress.update(task, advance=1, description=(
+                                f"{cfg.algorithm.name} acc={record.get('accuracy_mean', 0):.3f} "
+                                f"k={len(algorithm.clusters())}"))
+            engine.finish(algorithm, cfg.rounds, list(range(runtime.num_clients)))
+            evaluation = engine.evaluate(algorithm)
+        finally:
+            engine.close()
+        wall = time.perf_counter() - t_start
+        summary = self._summary(algorithm, data.groups, evaluation, wall, executor.name)
+        self._write_splits(algorithm)
+        _write_json(self.out / "summary.json", summary)
+        return summary
+
+    def _round(self, engine: EmbeddedEngine, algorithm: Algorithm, rnd: int,
+               evaluation: dict[int, tuple[float, float]]
+               ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
+        cfg = self.config
+        clients = sample_clients(engine.runtime.num_clients, cfg.participation.fraction,
+                                 cfg.seed, rnd)
+        diagnostics, timing = engine.train_round(algorithm, rnd, clients)
+        record: dict[str, Any] = {"round": rnd, "participants": len(clients)}
+        t0 = time.perf_counter()
+        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+            evaluation = engine.evaluate(algorithm)
+            accs = [a for a, _ in evaluation.values()]
+            record.update(
+                accuracy_mean=round(float(np.mean(accs)), 6),
+                accuracy_worst=round(float(np.min(accs)), 6),
+                accuracy=[round(evaluation[c][0], 6) for c in sorted(evaluation)],
+                test_loss=round(float(np.mean([lo for _, lo in evaluation.values()])), 6),
+            )
+        timing["evaluate"] = time.perf_counter() - t0
+        clusters = algorithm.clusters()
+        assignment = np.empty(engine.runtime.num_clients, dtype=int)
+        for k, members in enumerate(clusters):
+            assignment[members] = k
+        record.update(diagnostics, num_clusters=len(clusters), assignment=assignment.tolist(),
+                      timing={k: round(v, 5) for k, v in timing.items()})
+        return record, evaluation
+
+    def _progress(self):
+        if self.quiet:
+            return nullcontext(None)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        return Progress("[progress.description]{task.description}", BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+
+    def _summary(self, algorithm: Algorithm, groups: np.ndarray,
+                 evaluation: dict[int, tuple[float, float]], wall: float, executor: str
+                 ) -> dict[str, Any]:
+        cfg = self.config
+        clusters = algorithm.clusters()
+        labels = np.empty(len(groups), dtype=int)
+        for k, members in enumerate(clusters):
+            labels[members] = k
+        accs = [evaluation[c][0] for c in range(len(groups))]
+        return {
+            "algorithm": cfg.algorithm.name,
+            "dataset": cfg.data.dataset,
+            "scenario": cfg.data.scenario.kind,
+            "seed": cfg.seed,
+            "rounds": cfg.rounds,
+            "num_clients": len(groups),
+            "clusters": clusters,
+            "num_clusters": len(clusters),
+            "true_groups": groups.tolist(),
+            "ari": round(float(adjusted_rand_score(groups, labels)), 6),
+            "accuracy": {
+                "mean": round(float(np.mean(accs)), 6),
+                "worst": round(float(np.min(accs)), 6),
+                "per_client": [round(a, 6) for a in accs],
+            },
+            "splits": algorithm.splits,
+            "tree": algorithm.tree(),
+            "executor": executor,
+            "wall_seconds": round(wall, 3),
+            "rounds_per_second": round(cfg.rounds / wall, 4) if wall > 0 else None,
+        }
+
+    def _write_splits(self, algorithm: Algorithm) -> None:
+        if not algorithm.split_matrices:
+            return
+        folder = self.out / "splits"
+        folder.mkdir(exist_ok=True)
+        for i, (members, matrix) in enumerate(algorithm.split_matrices):
+            np.savez(folder / f"split_{i:02d}.npz", members=np.asarray(members),
+                     similarity=np.asarray(matrix))
+
+
+def run_experiment(config: ExperimentConfig, out: Path, resume: bool = False,
+                   quiet: bool = False) -> dict[str, Any]:
+    return Run(config, out, quiet).execute(resume)
+
+
+def without_timings(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary minus the fields that legitimately differ between identical runs."""
+    return {k: v for k, v in summary.items() if k not in TIMING_KEYS}

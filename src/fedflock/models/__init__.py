@@ -1,0 +1,6 @@
+"""Model registry and the flat-vector view of a model that the server works with."""
+
+from fedflock.models.flat import FlatSpec
+from fedflock.models.zoo import MODELS, build_model
+
+__all__ = ["MODELS", "FlatSpec", "build_model"]

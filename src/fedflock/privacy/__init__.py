@@ -1,0 +1,5 @@
+"""Privacy mechanisms applied on the client side."""
+
+from fedflock.privacy.masking import PermutationMask
+
+__all__ = ["PermutationMask"]

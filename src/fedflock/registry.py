@@ -1,0 +1,46 @@
+"""A tiny name -> object registry, so configs name components and nothing switches on strings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from fedflock.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps names to components; each entry keeps a one-line description for `fedflock list`."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+        self._docs: dict[str, str] = {}
+
+    def register(self, name: str, doc: str | None = None) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = obj
+            text = doc or (getattr(obj, "__doc__", None) or "").strip().splitlines()[:1]
+            self._docs[name] = text if isinstance(text, str) else (text[0] if text else "")
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items))
+            raise ConfigError(f"unknown {self.kind} {name!r} (expected one of: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def describe(self) -> dict[str, str]:
+        return {name: self._docs[name] for name in sorted(self._items)}
