@@ -138,6 +138,8 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in (prefix.split(".") if prefix else []) + list(first["loc"]))
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
     got = first.get("input")
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     more = len(err.errors()) - 1
@@ -189,9 +191,16 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
-    # Algorithm parameters are validated by the algorithm itself.
+    # Names are checked against the registries; algorithm parameters by the algorithm itself.
     from fedflock.algorithms import validate_params
+    from fedflock.data import DATASETS
+    from fedflock.models import MODELS
 
+    for key, registry, name in (("data.dataset", DATASETS, config.data.dataset),
+                                ("model.name", MODELS, config.model.name)):
+        if name not in registry:
+            raise ConfigError(f"config: {key}: unknown {registry.kind} {name!r} "
+                              f"(expected one of: {', '.join(registry)})")
     validate_params(config.algorithm)
     return config
 

@@ -13,6 +13,9 @@ from fedflock.errors import ConfigError
 
 def validate_params(cfg: AlgorithmConfig) -> BaseModel:
     """The algorithm's own typed parameters; a bad key or value is one `ConfigError` line."""
+    if cfg.name not in ALGORITHMS:
+        raise ConfigError(f"config: algorithm.name: unknown algorithm {cfg.name!r} "
+                          f"(expected one of: {', '.join(ALGORITHMS)})")
     cls = ALGORITHMS.get(cfg.name)
     try:
         return cls.Params.model_validate(cfg.params())

@@ -105,5 +105,11 @@ class ClusteredAlgorithm(Algorithm):
 
 
 def _weighted_mean(updates: torch.Tensor, replies: list[TrainReply]) -> torch.Tensor:
-    w = torch.tensor([float(r.num_examples) for r in replies], dtype=updates.dtype)
-    return (updates * w[:, None]).sum(0) / w.sum()
+    """Example-weighted mean, accumulated row by row: every coordinate sees the same sequence of
+    additions wherever it sits in the vector, so the result is exactly permutation-equivariant
+    (a masked run aggregates bit for bit like a plain one; a fused reduction is not)."""
+    total = float(sum(r.num_examples for r in replies))
+    acc = torch.zeros_like(updates[0])
+    for row, reply in zip(updates, replies, strict=True):
+        acc.add_(row, alpha=reply.num_examples / total)
+    return acc

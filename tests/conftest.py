@@ -1,0 +1,61 @@
+"""Shared fixtures. Real data come from ../shared/data (or $FEDFLOCK_DATA).
+
+Outside CI a test needing those files is skipped when they are absent; in CI (CI=true) it fails
+with a clear message instead, so a missing data folder can never pass silently.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_root() -> Path:
+    env = os.environ.get("FEDFLOCK_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = _data_root()
+    if not (root / "mnist").is_dir():
+        message = (f"real datasets not found at {root} (set FEDFLOCK_DATA or place "
+                   "../shared/data beside the repository)")
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+                    ) -> None:
+    """Decoded-dataset cache shared by the session's tests, never the user's home."""
+    cache = tmp_path_factory.getbasetemp() / "fedflock-cache"
+    monkeypatch.setenv("FEDFLOCK_CACHE", str(cache))
+    monkeypatch.setenv("FEDFLOCK_QUIET", "1")
+
+
+def small_config(**overrides: object) -> dict:
+    """A seconds-long digits experiment as a raw config mapping."""
+    raw: dict = {
+        "seed": 0,
+        "rounds": 3,
+        "data": {"dataset": "digits", "clients": 6, "samples_per_client": 40,
+                 "test_per_client": 10, "scenario": {"kind": "label_permutation", "groups": 2}},
+        "model": {"name": "mlp", "hidden": [32]},
+        "training": {"local_epochs": 1, "lr": 0.1, "batch_size": 16, "executor": "sequential"},
+        "algorithm": {"name": "fedavg"},
+        "checkpoint_every": 1,
+    }
+    for key, value in overrides.items():
+        node = raw
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return raw

@@ -1,0 +1,147 @@
+"""Server logic: FedAvg/Local/fine-tuning/oracle, CFL splits, masking, gradients, assignment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedflock.algorithms import ALGORITHMS
+from fedflock.assign import assign_new_clients
+from fedflock.config import validate
+from fedflock.experiment import Run, run_experiment, without_timings
+from tests.conftest import small_config
+
+# Six clients in two label-permutation groups split reliably within a few rounds.
+CFL_FAST = {"name": "cfl", "warmup_rounds": 2, "patience": 2}
+
+
+def _split_config(**overrides: object) -> dict:
+    base = {"rounds": 12, "data.clients": 8, "data.samples_per_client": 60,
+            "training.local_epochs": 2, "algorithm": dict(CFL_FAST)}
+    return small_config(**(base | overrides))
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cfl_splits_two_label_groups_into_a_partition(tmp_path: Path) -> None:
+    summary = run_experiment(validate(_split_config()), tmp_path / "cfl", quiet=True)
+    assert summary["splits"], "CFL should split two label-permutation groups"
+    assert summary["ari"] == 1.0
+    flat = sorted(c for cluster in summary["clusters"] for c in cluster)
+    assert flat == list(range(8))
+    for split in summary["splits"]:  # every split partitions its parent's client ids
+        parent = next(n for n in summary["tree"] if n["id"] == split["parent"])
+        assert sorted(split["members"][0] + split["members"][1]) == sorted(parent["members"])
+        assert split["pseudo_f"] > 3.5
+    assert (tmp_path / "cfl" / "splits" / "split_00.npz").is_file()
+
+
+def test_cfl_equals_fedavg_until_its_first_split(tmp_path: Path) -> None:
+    cfl = run_experiment(validate(_split_config()), tmp_path / "cfl", quiet=True)
+    fedavg = run_experiment(validate(_split_config(algorithm={"name": "fedavg"})),
+                            tmp_path / "fedavg", quiet=True)
+    first = cfl["splits"][0]["round"]
+    a, b = _metrics(tmp_path / "cfl"), _metrics(tmp_path / "fedavg")
+    for ra, rb in zip(a[: first - 1], b[: first - 1], strict=True):
+        assert ra["accuracy"] == rb["accuracy"]
+    assert a[first]["accuracy"] != b[first]["accuracy"]
+    assert fedavg["num_clusters"] == 1 and fedavg["splits"] == []
+
+
+def test_cfl_never_splits_iid_clients(tmp_path: Path) -> None:
+    raw = _split_config(**{"data.scenario": {"kind": "iid"}, "rounds": 15})
+    summary = run_experiment(validate(raw), tmp_path / "iid", quiet=True)
+    assert summary["num_clusters"] == 1
+
+
+def test_masking_hides_every_update_and_changes_nothing(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    original = ALGORITHMS.get("cfl").aggregate_train
+
+    def spy(self, rnd, replies):  # records what the server code receives
+        seen[self._masked].extend(r.update.clone() for r in replies)
+        return original(self, rnd, replies)
+
+    summaries = {}
+    for masked in (False, True):
+        monkeypatch.setattr(ALGORITHMS.get("cfl"), "_masked", masked, raising=False)
+        monkeypatch.setattr(ALGORITHMS.get("cfl"), "aggregate_train", spy)
+        raw = _split_config(privacy={"masking": masked, "mask_seed": 7})
+        summaries[masked] = run_experiment(validate(raw), tmp_path / str(masked), quiet=True)
+    assert summaries[True]["splits"]
+    plain, hidden = torch.stack(seen[False]), torch.stack(seen[True])
+    assert plain.shape == hidden.shape
+    for p, h in zip(plain, hidden, strict=True):  # never the plain vector, always a permutation
+        assert not torch.equal(p, h)
+        assert torch.equal(torch.sort(p).values, torch.sort(h).values)
+    a, b = without_timings(summaries[False]), without_timings(summaries[True])
+    assert a["clusters"] == b["clusters"] and a["accuracy"] == b["accuracy"]
+    assert [s["pseudo_f"] for s in a["splits"]] == [s["pseudo_f"] for s in b["splits"]]
+
+
+def test_gradient_variant_runs_and_still_splits(tmp_path: Path) -> None:
+    algo = dict(CFL_FAST, update="gradients")
+    summary = run_experiment(validate(_split_config(algorithm=algo, rounds=20)),
+                             tmp_path / "g", quiet=True)
+    assert summary["splits"] and summary["ari"] == 1.0
+
+
+def test_eps_rule_with_gamma_check_records_the_papers_figures(tmp_path: Path) -> None:
+    algo = {"name": "cfl", "split_rule": "eps", "eps1": 10.0, "eps2": 0.01, "warmup_rounds": 2,
+            "gamma_check": False}
+    summary = run_experiment(validate(_split_config(algorithm=algo)), tmp_path / "e", quiet=True)
+    assert summary["splits"]
+    split = summary["splits"][0]
+    assert split["mean_norm"] < 10.0 and split["max_norm"] > 0.01
+    assert {"gamma_max", "gamma_bound", "alpha_intra_min", "alpha_cross_max", "gap"} <= set(split)
+    strict = dict(algo, gamma_check=True)
+    gated = run_experiment(validate(_split_config(algorithm=strict)), tmp_path / "s", quiet=True)
+    for s in gated["splits"]:
+        assert s["gamma_max"] < s["gamma_bound"]
+
+
+def test_assign_routes_new_clients_to_their_groups_cluster(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    summary = run_experiment(validate(_split_config(rounds=14)), out, quiet=True)
+    assert summary["num_clusters"] == 2
+    result = assign_new_clients(out, clients=6, seed=99)
+    assert result["routed_correctly"] == 1.0
+    assert len(result["clients"]) == 6
+
+
+@pytest.mark.parametrize("name", ["fedavg", "local", "fedavg_ft", "oracle"])
+def test_baselines_run_and_report_a_partition(tmp_path: Path, name: str) -> None:
+    summary = run_experiment(validate(small_config(algorithm={"name": name})), tmp_path / name,
+                             quiet=True)
+    clusters = summary["clusters"]
+    assert sorted(c for cl in clusters for c in cl) == list(range(6))
+    expected = {"fedavg": 1, "local": 6, "fedavg_ft": 1, "oracle": 2}[name]
+    assert len(clusters) == expected
+    if name == "oracle":
+        assert summary["ari"] == 1.0
+
+
+def test_fine_tuning_changes_the_final_models(tmp_path: Path) -> None:
+    fedavg = run_experiment(validate(small_config()), tmp_path / "a", quiet=True)
+    ft = run_experiment(validate(small_config(algorithm={"name": "fedavg_ft"})), tmp_path / "b",
+                        quiet=True)
+    # Identical until the end, then each client fine-tunes the global model.
+    assert _metrics(tmp_path / "a")[-1]["accuracy"] == _metrics(tmp_path / "b")[-1]["accuracy"]
+    assert ft["accuracy"]["per_client"] != fedavg["accuracy"]["per_client"]
+
+
+def test_summary_has_the_design_fields(tmp_path: Path) -> None:
+    summary = Run(validate(small_config()), tmp_path / "r", quiet=True).execute()
+    for key in ("algorithm", "dataset", "scenario", "seed", "rounds", "num_clients", "clusters",
+                "true_groups", "ari", "accuracy", "splits", "wall_seconds", "rounds_per_second"):
+        assert key in summary
+    assert set(summary["accuracy"]) == {"mean", "worst", "per_client"}
+    assert np.isclose(summary["accuracy"]["mean"], np.mean(summary["accuracy"]["per_client"]),
+                      atol=1e-5)

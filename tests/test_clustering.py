@@ -1,0 +1,114 @@
+"""Bipartition (min-max cut), split statistics, cosine similarity, the parameter tree."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedflock.clustering import ParameterTree, bipartition, minmax_bipartition_reference
+from fedflock.clustering.split_stats import pseudo_f, split_stats
+from fedflock.similarity import cosine_matrix
+
+
+def _random_similarity(m: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, size=(m, m))
+    s = (a + a.T) / 2
+    np.fill_diagonal(s, 1.0)
+    return s
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(2, 40), seed=st.integers(0, 2**32 - 1))
+def test_minmax_cut_equals_the_papers_algorithm_1(m: int, seed: int) -> None:
+    sim = _random_similarity(m, seed)
+    fast = bipartition(sim, "single")
+    assert fast == minmax_bipartition_reference(sim)
+    a, b = fast
+    assert a and b and sorted(a + b) == list(range(m))
+    # The defining property: no other split has a lower maximum cross similarity.
+    cross = sim[np.ix_(a, b)].max()
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        mask = rng.random(m) < 0.5
+        if mask.all() or not mask.any():
+            continue
+        assert sim[np.ix_(np.flatnonzero(mask), np.flatnonzero(~mask))].max() >= cross - 1e-12
+
+
+def test_complete_linkage_is_a_different_cut() -> None:
+    differ = sum(
+        bipartition(_random_similarity(12, s), "complete") != bipartition(_random_similarity(12, s))
+        for s in range(50)
+    )
+    assert differ > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(2, 30), d=st.integers(1, 50), seed=st.integers(0, 2**31))
+def test_cosine_matrix_matches_pairwise_definition(m: int, d: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, d, generator=g, dtype=torch.float64)
+    sim = cosine_matrix(x)
+    i, j = 0, m - 1
+    expected = float(x[i] @ x[j] / (x[i].norm() * x[j].norm()))
+    assert math.isclose(float(sim[i, j]), expected, abs_tol=1e-12)
+    assert torch.allclose(sim, sim.T)
+    assert torch.allclose(sim.diagonal(), torch.ones(m, dtype=torch.float64))
+
+
+def test_zero_update_has_no_direction() -> None:
+    x = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    sim = cosine_matrix(x)
+    assert sim[1, 1] == 0 and sim[0, 1] == 0
+
+
+def _two_directions(n: int, d: int, noise: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(2, d, generator=g, dtype=torch.float64)
+    rows = [base[i % 2] + noise * torch.randn(d, generator=g, dtype=torch.float64)
+            for i in range(n)]
+    return torch.stack(rows)
+
+
+def test_pseudo_f_is_near_one_without_structure_and_large_with_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    noise_only = torch.randn(20, 5000, generator=g, dtype=torch.float64)
+    sim = cosine_matrix(noise_only).numpy()
+    f_noise = pseudo_f(sim, bipartition(sim))
+    assert 0.5 < f_noise < 2.0
+    # Scale-free: multiplying updates by any factor leaves F unchanged.
+    scaled = cosine_matrix(noise_only * 1e3).numpy()
+    assert math.isclose(pseudo_f(scaled, bipartition(scaled)), f_noise, rel_tol=1e-9)
+    structured = _two_directions(20, 5000, noise=1.0, seed=1)
+    sim2 = cosine_matrix(structured).numpy()
+    assert pseudo_f(sim2, bipartition(sim2)) > 10
+
+
+def test_split_stats_on_two_groups_recovers_them() -> None:
+    updates = _two_directions(10, 200, noise=0.3, seed=2)
+    sim = cosine_matrix(updates).numpy()
+    stats = split_stats(updates, torch.ones(10), sim)
+    assert stats.parts == ([0, 2, 4, 6, 8], [1, 3, 5, 7, 9])
+    assert stats.alpha_cross_max < stats.alpha_intra_min and stats.gap > 0
+    assert 0 <= stats.gamma_max < 1
+    assert math.isclose(stats.gamma_bound, math.sqrt((1 - stats.alpha_cross_max) / 2))
+    assert stats.max_norm >= stats.mean_norm
+
+
+def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
+    tree = ParameterTree()
+    tree.add_root(0, [0, 1, 2, 3])
+    left = torch.tensor([[1.0, 0.1], [0.9, 0.0]])
+    right = torch.tensor([[0.0, 1.0], [0.1, 0.9]])
+    tree.record_split(0, 5, torch.zeros(2), [(1, [0, 1], left), (2, [2, 3], right)])
+    leaf, path = tree.route(lambda params: torch.tensor([0.05, 1.0]))
+    assert leaf == 2 and path[0]["chosen"] == 2
+    leaf, _ = tree.route(lambda params: torch.tensor([1.0, -0.1]))
+    assert leaf == 1
+    restored = ParameterTree.from_dict(tree.to_dict())
+    assert restored.leaves() == [1, 2] and restored.root == 0
