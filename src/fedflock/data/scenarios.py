@@ -3,12 +3,27 @@
 A scenario is a *partition* of samples to clients (iid, dirichlet, shards, quantity_skew) composed
 with a *group shift* applied to every sample of a client, train and test alike (label permutation,
 label swap, rotation, feature transforms). The ground-truth group of each client is returned for
-evaluation only; no algorithm ever sees it.
+evaluation only; no algorithm ever sees it. Groups are balanced: their sizes differ by at most one.
+
+Sampling. Train and test samples come from separate pools (the dataset's official splits, or an
+80/20 split of one pool for sets without a test split). Within one build every sample is handed
+out at most once, to one client, as long as the pool lasts: the whole pool for the iid and
+quantity_skew partitions, each class's pool for dirichlet and shards. When the clients ask for
+more than that (`data.samples_per_client` or `data.test_per_client` times `data.clients` above
+the pool, or a label-skew client wanting more of a class than is left), the exhausted pool is
+reshuffled and reused: samples are then shared between clients (still never twice within one
+client, unless that client alone asks for more than the pool holds), and a `SampleReuseWarning`
+names the setting and how many draws were reused. Each `ClientData` keeps the dataset rows it drew
+(`train_index`, `test_index`) so the original samples can be recovered.
+
+`natural` (LEAF writers) ignores the partition and the seed: the clients are the writers with
+the most training samples, each keeping its own first `samples_per_client` / `test_per_client`.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,12 +41,16 @@ SCENARIO_DOCS = {
     "label_permutation": "group k relabels with its own fixed permutation (group 0: identity)",
     "label_swap": "group k swaps its own pairs of labels (group 0: identity)",
     "rotation": "group k rotates inputs by k*360/K degrees (concept shift on features)",
-    "feature_skew": "group k applies its own input transform (noise, brightness, inversion...)",
+    "feature_skew": "group k applies transforms[k] to its inputs (none, invert, noise, ...)",
     "dirichlet": "label skew: class proportions per client ~ Dirichlet(alpha)",
     "shards": "label skew: each client holds `classes_per_client` classes",
     "quantity_skew": "client sizes drawn log-normal(sigma)",
     "natural": "one client per writer of a LEAF dataset (femnist)",
 }
+
+
+class SampleReuseWarning(UserWarning):
+    """Clients asked for more samples than the pool holds, so some samples are shared."""
 
 
 @dataclass
@@ -40,6 +59,10 @@ class ClientData:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    # Rows of the dataset behind each sample: `train_index` into `Dataset.x_train`, `test_index`
+    # into `Dataset.x_test`, or into `Dataset.x_train` for sets without a test split.
+    train_index: np.ndarray | None = None
+    test_index: np.ndarray | None = None
 
     @property
     def num_train(self) -> int:
@@ -55,69 +78,104 @@ class FederatedData:
     dataset: str
 
 
+class _Stream:
+    """Hands out `items` in random order without replacement; once all are used they are
+    reshuffled and handed out again, and each such draw is counted in `reused`."""
+
+    def __init__(self, items: np.ndarray, rng: np.random.Generator) -> None:
+        self.items = items
+        self.rng = rng
+        self.order = rng.permutation(items)
+        self.pos = 0
+        self.cycled = False
+        self.reused = 0
+
+    def take(self, n: int) -> np.ndarray:
+        parts: list[np.ndarray] = []
+        while n > 0 and len(self.items):
+            if self.pos >= len(self.order):
+                order = self.rng.permutation(self.items)
+                if parts:  # this request's own samples go last: no repeats while others remain
+                    own = np.isin(order, np.concatenate(parts))
+                    order = np.concatenate([order[~own], order[own]])
+                self.order, self.pos, self.cycled = order, 0, True
+            k = min(n, len(self.order) - self.pos)
+            parts.append(self.order[self.pos : self.pos + k])
+            if self.cycled:
+                self.reused += k
+            self.pos += k
+            n -= k
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
 class _Pool:
-    """Serves sample indices per class without replacement, reshuffling a class when it runs out."""
+    """Positions in one pool, served at random (`take_any`) or per class (`take_mix`)."""
 
     def __init__(self, labels: np.ndarray, num_classes: int, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.by_class = [np.flatnonzero(labels == c) for c in range(num_classes)]
-        self.order = [rng.permutation(ix) for ix in self.by_class]
-        self.pos = [0] * num_classes
-        self.all = rng.permutation(len(labels))
-        self.all_pos = 0
+        self.size = len(labels)
+        self.any = _Stream(np.arange(len(labels)), rng)
+        self.by_class = [_Stream(np.flatnonzero(labels == c), rng) for c in range(num_classes)]
 
-    def take_class(self, c: int, n: int) -> np.ndarray:
-        out = []
-        while n > 0 and len(self.by_class[c]):
-            if self.pos[c] >= len(self.order[c]):
-                self.order[c], self.pos[c] = self.rng.permutation(self.by_class[c]), 0
-            k = min(n, len(self.order[c]) - self.pos[c])
-            out.append(self.order[c][self.pos[c] : self.pos[c] + k])
-            self.pos[c] += k
-            n -= k
-        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+    @property
+    def present(self) -> np.ndarray:
+        return np.array([len(s.items) > 0 for s in self.by_class])
+
+    @property
+    def reused(self) -> int:
+        return self.any.reused + sum(s.reused for s in self.by_class)
 
     def take_any(self, n: int) -> np.ndarray:
-        out = []
-        while n > 0:
-            if self.all_pos >= len(self.all):
-                self.all, self.all_pos = self.rng.permutation(len(self.all)), 0
-            k = min(n, len(self.all) - self.all_pos)
-            out.append(self.all[self.all_pos : self.all_pos + k])
-            self.all_pos += k
-            n -= k
-        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+        return self.any.take(n)
 
     def take_mix(self, counts: np.ndarray) -> np.ndarray:
-        return np.concatenate([self.take_class(c, int(k)) for c, k in enumerate(counts) if k])
+        parts = [self.by_class[c].take(int(k)) for c, k in enumerate(counts) if k]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-def _class_counts(partition: str, n: int, classes: int, sc: ScenarioConfig,
+def _class_counts(partition: str, n: int, present: np.ndarray, sc: ScenarioConfig,
                   rng: np.random.Generator) -> np.ndarray | None:
-    """Per-class sample counts of one client (None: draw iid)."""
+    """Per-class sample counts of one client over the classes `present` in the pool
+    (None: draw iid)."""
+    classes = np.flatnonzero(present)
+    counts = np.zeros(len(present), dtype=np.int64)
     if partition == "dirichlet":
-        return rng.multinomial(n, rng.dirichlet(np.full(classes, sc.alpha)))
+        counts[classes] = rng.multinomial(n, rng.dirichlet(np.full(len(classes), sc.alpha)))
+        return counts
     if partition == "shards":
-        chosen = rng.choice(classes, size=min(sc.classes_per_client, classes), replace=False)
-        counts = np.zeros(classes, dtype=np.int64)
+        chosen = rng.choice(classes, size=min(sc.classes_per_client, len(classes)), replace=False)
         counts[chosen] = n // len(chosen)
         counts[chosen[: n % len(chosen)]] += 1
         return counts
     return None
 
 
-def _split_pool(ds: Dataset, rng: np.random.Generator):
-    if ds.x_test is not None:
-        return ds.x_train, ds.y_train, ds.x_test, ds.y_test
-    order = torch.from_numpy(rng.permutation(len(ds.y_train)))
+def _quantity_sizes(total: int, m: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """`m` log-normal client sizes of at least min(5, total // m) that sum exactly to `total`."""
+    least = max(1, min(5, total // m))
+    share = rng.lognormal(0.0, sigma, size=m)
+    share = share / share.sum() * (total - least * m)
+    sizes = np.floor(share).astype(np.int64)
+    short = int(total - least * m - sizes.sum())
+    sizes[np.argsort(sizes - share, kind="stable")[:short]] += 1  # largest remainders first
+    return sizes + least
+
+
+def _split_pool(ds: Dataset, rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """Dataset rows of the train and test pools, plus the tensors the test rows index."""
+    if ds.x_test is not None and ds.y_test is not None:
+        return np.arange(len(ds.y_train)), np.arange(len(ds.y_test)), ds.x_test, ds.y_test
+    order = rng.permutation(len(ds.y_train))
     cut = int(0.8 * len(order))
-    tr, te = order[:cut], order[cut:]
-    return ds.x_train[tr], ds.y_train[tr], ds.x_train[te], ds.y_train[te]
+    return order[:cut], order[cut:], ds.x_train, ds.y_train
 
 
 def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
+    """Rotate images counter-clockwise (as `torch.rot90`) about their centre."""
     if degrees % 90 == 0:
         return torch.rot90(x, k=int(degrees // 90) % 4, dims=(-2, -1)).contiguous()
+    if len(x) == 0:
+        return x
     theta = math.radians(degrees)
     mat = torch.tensor([[math.cos(theta), -math.sin(theta), 0.0],
                         [math.sin(theta), math.cos(theta), 0.0]], dtype=x.dtype)
@@ -125,39 +183,72 @@ def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
     return F.grid_sample(x, grid, align_corners=False)
 
 
-def _group_shift(sc: ScenarioConfig, group: int, classes: int, seed: int
-                 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor | None]:
-    """(input transform, label map) of one hidden group; group 0 is always the identity."""
-    rng = np.random.default_rng([seed, 7, group])
-    identity = lambda x: x  # noqa: E731
-    if group == 0 or sc.kind in ("iid", "dirichlet", "shards", "quantity_skew", "natural"):
-        return identity, None
-    if sc.kind == "label_permutation":
-        return identity, torch.from_numpy(rng.permutation(classes))
-    if sc.kind == "label_swap":
-        pairs = min(sc.swap_pairs or classes // 2, classes // 2)
-        chosen = rng.permutation(classes)[: 2 * pairs].reshape(pairs, 2)
-        mapping = torch.arange(classes)
-        mapping[chosen[:, 0]], mapping[chosen[:, 1]] = (
-            torch.from_numpy(chosen[:, 1]), torch.from_numpy(chosen[:, 0])
-        )
-        return identity, mapping
-    if sc.kind == "rotation":
-        angle = group * 360.0 / sc.groups
-        return (lambda x: _rotate(x, angle)), None
-    kind = sc.transforms[group % len(sc.transforms)]
+Transform = Callable[[torch.Tensor, np.random.Generator], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """What one hidden group does to its clients' samples."""
+
+    transform: Transform | None = None  # on inputs; gets a generator private to the client
+    label_map: torch.Tensor | None = None  # new label of every original label
+
+
+def _feature_transform(kind: str, noise_std: float) -> Transform | None:
     if kind == "invert":
-        return (lambda x: 1.0 - x), None
+        return lambda x, _: 1.0 - x
     if kind == "brightness":
-        return (lambda x: (x + 0.4).clamp(0, 1)), None
+        return lambda x, _: (x + 0.4).clamp(0, 1)
     if kind == "contrast":
-        return (lambda x: 0.5 + 0.3 * (x - 0.5)), None
+        return lambda x, _: 0.5 + 0.3 * (x - 0.5)
     if kind == "noise":
-        def noisy(x: torch.Tensor) -> torch.Tensor:
-            g = torch.Generator().manual_seed(int(rng.integers(2**31)))
-            return x + sc.noise_std * torch.randn(x.shape, generator=g)
-        return noisy, None
-    return identity, None
+        def noisy(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+            g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+            return x + noise_std * torch.randn(x.shape, generator=g, dtype=x.dtype)
+        return noisy
+    return None  # "none"
+
+
+def _draw_label_map(sc: ScenarioConfig, classes: int, rng: np.random.Generator) -> torch.Tensor:
+    if sc.kind == "label_permutation":
+        return torch.from_numpy(rng.permutation(classes))
+    pairs = min(sc.swap_pairs or classes // 2, classes // 2)
+    chosen = torch.from_numpy(rng.permutation(classes)[: 2 * pairs].reshape(pairs, 2))
+    mapping = torch.arange(classes)
+    mapping[chosen[:, 0]] = chosen[:, 1]
+    mapping[chosen[:, 1]] = chosen[:, 0]
+    return mapping
+
+
+def _group_shifts(sc: ScenarioConfig, k: int, classes: int, seed: int) -> list[_Shift]:
+    """The shift of each of the `k` hidden groups, fixed by `seed` (the shift seed).
+
+    Label maps: group 0 keeps the labels; every other group gets a map that differs from the
+    identity and from the other groups' maps whenever the number of classes allows it.
+    """
+    if sc.kind in ("label_permutation", "label_swap"):
+        seen = [torch.arange(classes)]
+        shifts = [_Shift()]
+        for group in range(1, k):
+            rng = np.random.default_rng([seed, 7, group])
+            for _ in range(100):
+                mapping = _draw_label_map(sc, classes, rng)
+                if not any(torch.equal(mapping, other) for other in seen):
+                    break
+            seen.append(mapping)
+            shifts.append(_Shift(label_map=mapping))
+        return shifts
+    if sc.kind == "rotation":
+        def rotation(angle: float) -> Transform:
+            return lambda x, _: _rotate(x, angle)
+        return [_Shift(rotation(g * 360.0 / k) if g else None) for g in range(k)]
+    if sc.kind == "feature_skew":
+        chosen = sc.transforms[:k]
+        if len(chosen) < k or len(set(chosen)) < k:
+            raise ConfigError(f"data.scenario.transforms: feature_skew with {k} groups needs {k} "
+                              f"distinct transforms, one per group (got {sc.transforms})")
+        return [_Shift(_feature_transform(kind, sc.noise_std)) for kind in chosen]
+    return [_Shift() for _ in range(k)]
 
 
 def _natural_clients(ds: Dataset, cfg: DataConfig) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -178,6 +269,19 @@ def _natural_clients(ds: Dataset, cfg: DataConfig) -> list[tuple[np.ndarray, np.
     return out
 
 
+def _warn_reuse(ds: Dataset, train_pool: _Pool, test_pool: _Pool, label_skew: bool) -> None:
+    parts = []
+    for pool, split, key in ((train_pool, "train", "samples_per_client"),
+                             (test_pool, "test", "test_per_client")):
+        if pool.reused:
+            parts.append(f"data.{key}: {pool.reused} {split} draws reuse samples already given "
+                         f"to another client ({ds.name}'s {split} pool holds {pool.size})")
+    if parts:
+        where = "a class's pool" if label_skew else "the pool"
+        warnings.warn(SampleReuseWarning(f"clients ask for more samples than {where} holds; "
+                                          + "; ".join(parts)), stacklevel=3)
+
+
 def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = None
                          ) -> FederatedData:
     """Clients' train/test splits plus the hidden group of every client.
@@ -188,15 +292,20 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
     shift_seed = seed if shift_seed is None else shift_seed
     ds = load_dataset(cfg.dataset, cfg.resolved_root())
     sc = cfg.scenario
-    rng = np.random.default_rng([seed, 1])
     if sc.kind == "natural":
         pairs = _natural_clients(ds, cfg)
-        clients = [ClientData(ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te])
-                   for tr, te in pairs]
+        x_test, y_test = ds.x_test, ds.y_test
+        if x_test is None or y_test is None:
+            raise ConfigError(f"data.scenario.kind: 'natural' needs a dataset with a test split, "
+                              f"not {ds.name!r}")
+        clients = [ClientData(ds.x_train[tr], ds.y_train[tr], x_test[te], y_test[te],
+                              train_index=tr, test_index=te) for tr, te in pairs]
         return FederatedData(clients, np.zeros(len(clients), dtype=np.int64), ds.num_classes,
                              ds.input_shape, ds.name)
 
-    xtr, ytr, xte, yte = _split_pool(ds, rng)
+    rng = np.random.default_rng([seed, 1])
+    train_rows, test_rows, x_test_src, y_test_src = _split_pool(ds, rng)
+    ytr, yte = ds.y_train[train_rows].numpy(), y_test_src[test_rows].numpy()
     m = cfg.clients
     n_train = cfg.samples_per_client or max(1, len(ytr) // m)
     n_test = cfg.test_per_client or max(1, len(yte) // m)
@@ -207,27 +316,35 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
 
     sizes = np.full(m, n_train)
     if partition == "quantity_skew":
-        raw = rng.lognormal(0.0, sc.quantity_sigma, size=m)
-        sizes = np.maximum(5, np.round(raw / raw.sum() * n_train * m)).astype(int)
+        sizes = _quantity_sizes(n_train * m, m, sc.quantity_sigma, rng)
 
-    train_pool = _Pool(ytr.numpy(), ds.num_classes, rng)
-    test_pool = _Pool(yte.numpy(), ds.num_classes, rng)
-    shifts = [_group_shift(sc, g, ds.num_classes, shift_seed) for g in range(k)]
+    train_pool = _Pool(ytr, ds.num_classes, rng)
+    test_pool = _Pool(yte, ds.num_classes, rng)
+    shifts = _group_shifts(sc, k, ds.num_classes, shift_seed)
     clients = []
     for i in range(m):
-        counts = _class_counts(partition, int(sizes[i]), ds.num_classes, sc, rng)
+        counts = _class_counts(partition, int(sizes[i]), train_pool.present, sc, rng)
         if counts is None:
             tr = train_pool.take_any(int(sizes[i]))
             te = test_pool.take_any(n_test)
         else:
             tr = train_pool.take_mix(counts)
-            test_counts = np.floor(counts / counts.sum() * n_test).astype(int)
-            test_counts[np.argmax(counts)] += n_test - test_counts.sum()
+            weights = counts * test_pool.present  # classes absent from the test pool get none
+            if weights.sum() == 0:
+                weights = test_pool.present.astype(np.int64)
+            test_counts = np.floor(weights / weights.sum() * n_test).astype(np.int64)
+            test_counts[np.argmax(weights)] += n_test - test_counts.sum()
             te = test_pool.take_mix(test_counts)
-        transform, label_map = shifts[groups[i]]
-        x_tr, y_tr = transform(xtr[tr]), ytr[tr]
-        x_te, y_te = transform(xte[te]), yte[te]
-        if label_map is not None:
-            y_tr, y_te = label_map[y_tr], label_map[y_te]
-        clients.append(ClientData(x_tr.contiguous(), y_tr, x_te.contiguous(), y_te))
+        tr_rows, te_rows = train_rows[tr], test_rows[te]
+        x_tr, y_tr = ds.x_train[tr_rows], ds.y_train[tr_rows]
+        x_te, y_te = x_test_src[te_rows], y_test_src[te_rows]
+        shift = shifts[groups[i]]
+        if shift.transform is not None:
+            x_tr = shift.transform(x_tr, np.random.default_rng([seed, 11, i, 0]))
+            x_te = shift.transform(x_te, np.random.default_rng([seed, 11, i, 1]))
+        if shift.label_map is not None:
+            y_tr, y_te = shift.label_map[y_tr], shift.label_map[y_te]
+        clients.append(ClientData(x_tr.contiguous(), y_tr, x_te.contiguous(), y_te,
+                                  train_index=tr_rows, test_index=te_rows))
+    _warn_reuse(ds, train_pool, test_pool, label_skew=partition in ("dirichlet", "shards"))
     return FederatedData(clients, groups.astype(np.int64), ds.num_classes, ds.input_shape, ds.name)

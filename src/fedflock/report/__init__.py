@@ -1,5 +1,5 @@
 """Plots and a markdown report of a run or a compare directory."""
 
-from fedflock.report.plots import make_report
+from fedflock.report.document import make_report
 
 __all__ = ["make_report"]

@@ -1,7 +1,442 @@
-"""Placeholder replaced by the report module (see issue 2)."""
+"""The report's figures: accuracy curves, CFL split diagnostics, split heatmaps, cluster tree.
 
+Figures are built on `matplotlib.figure.Figure` directly (rendered by the Agg canvas) rather
+than through pyplot, so making a report never switches the caller's backend or leaks global
+figure state. Every function returns the PNG it wrote, or None when the run holds nothing to
+draw (for example no splits), so the caller can list exactly what exists.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import ListedColormap, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+from fedflock.errors import FedflockError
+from fedflock.report.load import CompareData, RunData, finite
+
+DPI = 150
+# Okabe & Ito (2008): distinguishable under the common colour-vision deficiencies. The yellow
+# is last because it is hard to see as a thin line on white.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000",
+           "#F0E442")
+SIMILARITY_CMAP = "RdBu_r"  # diverging, ColorBrewer-rated colour-blind safe; 0 is white
+STYLE = {
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
+    "xtick.labelsize": 9, "ytick.labelsize": 9, "axes.spines.top": False,
+    "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.25, "grid.linewidth": 0.6,
+}
+MAX_LEGEND_CLUSTERS = 10
 
 
-def make_report(path: Path) -> list[Path]:
-    raise NotImplementedError
+def adjusted_rand(a: Sequence[int], b: Sequence[int]) -> float:
+    """Adjusted Rand index of two labellings (numpy only: importing sklearn costs seconds)."""
+    _, ai = np.unique(np.asarray(a), return_inverse=True)
+    _, bi = np.unique(np.asarray(b), return_inverse=True)
+    table = np.zeros((ai.max() + 1, bi.max() + 1))
+    np.add.at(table, (ai, bi), 1)
+
+    def pairs(x: np.ndarray) -> float:
+        return float((x * (x - 1) / 2).sum())
+
+    index, rows, cols = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+    total = len(ai) * (len(ai) - 1) / 2
+    expected = rows * cols / total if total else 0.0
+    maximum = (rows + cols) / 2
+    return 1.0 if maximum == expected else (index - expected) / (maximum - expected)
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def tint(hex_colour: str, white: float = 0.62) -> tuple[float, float, float]:
+    """An opaque pastel of a palette colour, light enough for black text on top."""
+    rgb = np.array(to_rgb(hex_colour))
+    r, g, b = (1 - white) * rgb + white
+    return float(r), float(g), float(b)
+
+
+@contextmanager
+def _style() -> Iterator[None]:
+    """Paper-sized fonts for this figure only (rc_context restores the caller's settings)."""
+    with mpl.rc_context(STYLE):
+        yield
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=DPI, bbox_inches="tight", facecolor="white")
+    except OSError as err:
+        raise FedflockError(f"{path}: cannot write ({err.strerror})") from None
+    return path
+
+
+def _mark_splits(ax: Axes, rounds: Sequence[int]) -> Line2D | None:
+    """Faint vertical lines at split rounds; returns a handle for the legend."""
+    handle = None
+    for r in sorted(set(rounds)):
+        handle = ax.axvline(r, color="0.45", linestyle=":", linewidth=1.0, alpha=0.7, zorder=0)
+    if handle is None:
+        return None
+    return Line2D([], [], color="0.45", linestyle=":", linewidth=1.0, label="CFL split")
+
+
+def _integer_rounds(ax: Axes) -> None:
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+# -- accuracy ------------------------------------------------------------------------------
+def accuracy_series(run: RunData, key: str = "accuracy_mean") -> dict[int, float]:
+    """Round -> accuracy in %, skipping rounds that were not evaluated or lack the field."""
+    out = {}
+    for rec in run.metrics:
+        value = finite(rec.get(key))
+        if value is not None:
+            out[int(rec["round"])] = 100.0 * value
+    return out
+
+
+def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
+    """Mean and worst client test accuracy per round, split rounds marked."""
+    mean, worst = accuracy_series(run), accuracy_series(run, "accuracy_worst")
+    if not mean:
+        return None
+    with _style():
+        fig = Figure(figsize=(6.4, 4.0))
+        ax = fig.add_subplot()
+        ax.plot(list(mean), list(mean.values()), color=colour(0), linewidth=2.0,
+                marker="o" if len(mean) <= 30 else None, markersize=3.5, label="mean over clients")
+        if worst:
+            ax.plot(list(worst), list(worst.values()), color=colour(3), linewidth=1.6,
+                    linestyle="--", label="worst client")
+        handles, _ = ax.get_legend_handles_labels()
+        split = _mark_splits(ax, run.split_rounds)
+        if split is not None:
+            handles.append(split)
+        ax.set(xlabel="communication round", ylabel="test accuracy (%)",
+               title=f"Client test accuracy: {run.title()}")
+        ax.set_ylim(0, 100)
+        _integer_rounds(ax)
+        ax.legend(handles=handles, loc="best", frameon=False)
+        return _save(fig, path)
+
+
+def _seed_band(runs: list[RunData], key: str) -> tuple[np.ndarray, ...] | None:
+    """Rounds, and mean/min/max over seeds of `key` (each round over the seeds that have it)."""
+    series = [accuracy_series(r, key) for r in runs]
+    rounds = sorted({rnd for s in series for rnd in s})
+    if not rounds:
+        return None
+    stats = [[s[rnd] for s in series if rnd in s] for rnd in rounds]
+    return (np.array(rounds), np.array([np.mean(v) for v in stats]),
+            np.array([min(v) for v in stats]), np.array([max(v) for v in stats]))
+
+
+def plot_compare_accuracy(data: CompareData, path: Path) -> Path | None:
+    """Per algorithm: mean over seeds (line) and min-max over seeds (band); mean and worst."""
+    panels = [("accuracy_mean", "mean client accuracy"), ("accuracy_worst", "worst client")]
+    bands = {key: {a: _seed_band(runs, key) for a, runs in data.runs.items()} for key, _ in panels}
+    panels = [(k, t) for k, t in panels if any(b is not None for b in bands[k].values())]
+    if not panels:
+        return None
+    n_seeds = max(len(runs) for runs in data.runs.values())
+    with _style():
+        fig = Figure(figsize=(5.2 * len(panels), 4.0))
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            for i, (algo, band) in enumerate(bands[key].items()):
+                if band is None:
+                    continue
+                rounds, mean, low, high = band
+                ax.plot(rounds, mean, color=colour(i), linewidth=2.0, label=algo)
+                if n_seeds > 1:
+                    ax.fill_between(rounds, low, high, color=colour(i), alpha=0.18, linewidth=0)
+            ax.set(xlabel="communication round", title=title)
+            ax.set_ylim(0, 100)
+            _integer_rounds(ax)
+        axes[0].set_ylabel("test accuracy (%)")
+        axes[0].legend(loc="best", frameon=False)
+        seeds = ", ".join(map(str, data.seeds))
+        spread = "line: mean, band: min-max over seeds" if n_seeds > 1 else "one seed"
+        fig.suptitle(f"Test accuracy per round (seeds {seeds}; {spread})", fontsize=11)
+        return _save(fig, path)
+
+
+# -- split diagnostics ---------------------------------------------------------------------
+def _algorithm_params(run: RunData) -> dict[str, Any]:
+    """The run's algorithm parameters with the algorithm's defaults filled in (best effort)."""
+    raw = run.config.get("algorithm") or {}
+    if not isinstance(raw, dict):
+        return {}
+    try:
+        from fedflock.algorithms import validate_params
+        from fedflock.config import AlgorithmConfig
+
+        return validate_params(AlgorithmConfig.model_validate(raw)).model_dump()
+    except (FedflockError, ValueError, TypeError, KeyError):
+        return dict(raw)
+
+
+def norm_series(run: RunData) -> dict[int, dict[str, list[float]]]:
+    """Cluster id -> {round, mean, max, pseudo_f} lists, from the per-round cluster records."""
+    out: dict[int, dict[str, list[float]]] = {}
+    for rec in run.metrics:
+        for cl in rec.get("clusters") or []:
+            if not isinstance(cl, dict) or "id" not in cl:
+                continue
+            mean, top = finite(cl.get("mean_norm")), finite(cl.get("max_norm"))
+            row = out.setdefault(int(cl["id"]), {k: [] for k in
+                                                 ("round", "mean", "max", "f_round", "f")})
+            if mean is not None and top is not None:
+                row["round"].append(rec["round"])
+                row["mean"].append(mean)
+                row["max"].append(top)
+            f = finite(cl.get("pseudo_f"))
+            if f is not None:
+                row["f_round"].append(rec["round"])
+                row["f"].append(f)
+    return {k: v for k, v in sorted(out.items()) if v["round"] or v["f_round"]}
+
+
+def plot_norms(run: RunData, path: Path) -> Path | None:
+    """Per cluster: norm of the mean update (solid) and the largest client update (dashed).
+
+    CFL splits when the mean update vanishes while single clients still move (stationary
+    point of the joint objective, not of the clients'); a panel of the pseudo-F statistic
+    used by the `auto` rule is added when the run logged it.
+    """
+    series = norm_series(run)
+    if not any(s["round"] for s in series.values()):
+        return None
+    has_f = any(s["f"] for s in series.values())
+    # Filling in defaults imports the algorithms (and torch): only when thresholds can apply.
+    raw = run.config.get("algorithm") or {}
+    params = _algorithm_params(run) if has_f or "split_rule" in raw else {}
+    legend_clusters = len(series) <= MAX_LEGEND_CLUSTERS
+    with _style():
+        fig = Figure(figsize=(6.8, 6.4 if has_f else 4.2))
+        axes = fig.subplots(2 if has_f else 1, 1, sharex=True, squeeze=False)[:, 0]
+        ax = axes[0]
+        marker = "o" if len(run.metrics) <= 30 else None
+        for i, (cid, s) in enumerate(series.items()):
+            ax.plot(s["round"], s["mean"], color=colour(i), linewidth=1.8, marker=marker,
+                    markersize=3, label=f"cluster {cid}" if legend_clusters else None)
+            ax.plot(s["round"], s["max"], color=colour(i), linewidth=1.4, linestyle="--",
+                    marker=marker, markersize=3, markerfacecolor="white")
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Line2D([], [], color="0.2", linewidth=1.8, label=r"$\|$mean update$\|$"),
+                    Line2D([], [], color="0.2", linestyle="--", linewidth=1.4,
+                           label=r"max client $\|$update$\|$")]
+        if params.get("split_rule") == "eps":
+            for key, style in (("eps1", "-."), ("eps2", (0, (1, 3)))):
+                value = finite(params.get(key))
+                if value is not None:
+                    ax.axhline(value, color="0.5", linestyle=style, linewidth=1.0)
+                    handles.append(Line2D([], [], color="0.5", linestyle=style, linewidth=1.0,
+                                          label=rf"$\varepsilon_{key[-1]}$ = {value:g}"))
+        split = _mark_splits(ax, run.split_rounds)
+        for other in axes[1:]:
+            _mark_splits(other, run.split_rounds)
+        if split is not None:
+            handles.append(split)
+        ax.set(ylabel="update norm", title=f"Split diagnostics: {run.title()}")
+        ax.set_ylim(bottom=0)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if has_f:
+            fax = axes[1]
+            for i, s in enumerate(series.values()):
+                fax.plot(s["f_round"], s["f"], color=colour(i), linewidth=1.6, marker=marker,
+                         markersize=3)
+            threshold = finite(params.get("f_threshold"))
+            if params.get("split_rule", "auto") == "auto" and threshold is not None:
+                fax.axhline(threshold, color="0.3", linestyle="-.", linewidth=1.0)
+                fax.legend(handles=[Line2D([], [], color="0.3", linestyle="-.", linewidth=1.0,
+                                           label=f"split threshold {threshold:g}")],
+                           loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+            fax.set(ylabel="pseudo-F of best bipartition")
+            fax.set_ylim(bottom=0)
+        axes[-1].set_xlabel("communication round")
+        _integer_rounds(axes[-1])
+        return _save(fig, path)
+
+
+# -- similarity at a split -----------------------------------------------------------------
+def split_order(members: list[int], split: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Matrix rows ordered part by part, then by client id; and the size of each part."""
+    pos = {c: i for i, c in enumerate(members)}
+    parts = [sorted(int(c) for c in part if int(c) in pos) for part in split.get("members") or []]
+    if sum(len(p) for p in parts) != len(members) or len({c for p in parts for c in p}) != len(
+            members):
+        parts = [sorted(members)]  # no (consistent) record of the parts: client order only
+    return [pos[c] for part in parts for c in part], [len(p) for p in parts]
+
+
+def fmt_number(value: Any, digits: int = 3) -> str:
+    number = finite(value)
+    if number is None:
+        return "∞" if isinstance(value, float) and value == float("inf") else "–"
+    return f"{number:.{digits}f}"
+
+
+def _group_strip(ax: Axes, groups: np.ndarray, cmap: ListedColormap, vertical: bool) -> None:
+    ax.imshow(groups[:, None] if vertical else groups[None, :], cmap=cmap, aspect="auto",
+              vmin=-0.5, vmax=cmap.N - 0.5, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
+    """Cosine similarity of the clients' updates at split `index`, grouped by the two parts."""
+    if index >= len(run.matrices):
+        return None
+    matrix = run.matrices[index]
+    split = run.splits[index] if index < len(run.splits) else {}
+    order, sizes = split_order(matrix.members, split)
+    sim = matrix.similarity[np.ix_(order, order)]
+    clients = [matrix.members[i] for i in order]
+    n = len(clients)
+    truth = run.true_groups
+    groups = np.array([truth[c] for c in clients]) if truth and max(clients) < len(truth) else None
+    with _style(), mpl.rc_context({"axes.grid": False}):
+        fig = Figure(figsize=(6.6, 6.0))
+        ax = fig.add_subplot()
+        image = ax.imshow(sim, cmap=SIMILARITY_CMAP, vmin=-1, vmax=1, interpolation="nearest")
+        edge = -0.5
+        for size in sizes[:-1]:
+            edge += size
+            ax.axhline(edge, color="black", linewidth=2.0)
+            ax.axvline(edge, color="black", linewidth=2.0)
+        step = max(1, int(np.ceil(n / 32)))
+        ticks = list(range(0, n, step))
+        ax.set_xticks(ticks, [str(clients[t]) for t in ticks], rotation=90 if n > 16 else 0)
+        ax.set_yticks(ticks, [str(clients[t]) for t in ticks])
+        part_text = " | ".join(f"part {chr(65 + i)} ({s})" for i, s in enumerate(sizes))
+        ax.set_xlabel(f"client id, ordered by {part_text}" if len(sizes) > 1 else "client id")
+        ax.set_ylabel("client id")
+        divider = make_axes_locatable(ax)
+        handles = []
+        if groups is not None:
+            names = sorted(set(truth or []))
+            cmap = ListedColormap([colour(g) for g in range(len(names))])
+            index_of = {g: i for i, g in enumerate(names)}
+            codes = np.array([index_of[g] for g in groups])
+            _group_strip(divider.append_axes("right", size="3.5%", pad=0.06), codes, cmap, True)
+            _group_strip(divider.append_axes("top", size="3.5%", pad=0.06), codes, cmap, False)
+            handles = [Patch(color=colour(i), label=f"true group {g}")
+                       for i, g in enumerate(names) if g in set(groups.tolist())]
+        cax = divider.append_axes("right", size="4.5%", pad=0.5 if groups is not None else 0.15)
+        fig.colorbar(image, cax=cax, label="cosine similarity of updates")
+        lines = [f"Split {index + 1}" + (f" at round {split['round']}" if "round" in split else "")]
+        if "parent" in split:
+            children = ", ".join(map(str, split.get("children") or []))
+            lines[0] += f": cluster {split['parent']} → {children}"
+        detail = (rf"$\alpha_{{intra}}^{{min}}$ = {fmt_number(split.get('alpha_intra_min'))},  "
+                  rf"$\alpha_{{cross}}^{{max}}$ = {fmt_number(split.get('alpha_cross_max'))}")
+        if groups is not None and len(sizes) > 1:
+            labels = np.repeat(np.arange(len(sizes)), sizes)
+            detail += f",  ARI vs true groups = {adjusted_rand(groups, labels):.2f}"
+        fig.suptitle("\n".join([*lines, detail]) if split else lines[0], fontsize=11)
+        if handles:
+            fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5),
+                       frameon=False, bbox_to_anchor=(0.5, -0.04))
+        return _save(fig, path)
+
+
+# -- cluster tree --------------------------------------------------------------------------
+def tree_layout(nodes: dict[int, dict[str, Any]]) -> dict[int, tuple[float, int]]:
+    """(x, depth) per node: leaves left to right in depth-first order, parents centred."""
+    roots = [n for n, node in nodes.items() if node.get("parent") not in nodes]
+    place: dict[int, tuple[float, int]] = {}
+    next_x = 0.0
+
+    def visit(nid: int, depth: int) -> float:
+        nonlocal next_x
+        kids = [k for k in nodes[nid].get("children") or [] if k in nodes and k not in place]
+        if not kids:
+            x = next_x
+            next_x += 1.0
+        else:
+            place[nid] = (0.0, depth)  # guards against cycles in a corrupt tree
+            x = float(np.mean([visit(k, depth + 1) for k in kids]))
+        place[nid] = (x, depth)
+        return x
+
+    for root in sorted(roots):
+        visit(root, 0)
+    return place
+
+
+def leaf_purity(members: list[int], truth: list[int] | None) -> tuple[int, float] | None:
+    """Majority true group of a cluster and the fraction of its members in that group."""
+    if not truth or not members or max(members) >= len(truth):
+        return None
+    group, count = Counter(truth[c] for c in members).most_common(1)[0]
+    return group, count / len(members)
+
+
+def plot_tree(run: RunData, path: Path) -> Path | None:
+    """The CFL cluster tree: one box per cluster, leaves coloured by majority true group."""
+    nodes = {int(n["id"]): n for n in run.tree if isinstance(n, dict) and "id" in n}
+    if len(nodes) < 2:
+        return None
+    place = tree_layout(nodes)
+    truth = run.true_groups
+    groups = sorted(set(truth)) if truth else []
+    n_leaves = sum(1 for n in nodes.values() if not n.get("children"))
+    depth = max(d for _, d in place.values())
+    with _style(), mpl.rc_context({"axes.grid": False}):
+        fig = Figure(figsize=(max(5.0, 2.1 * n_leaves), max(3.2, 1.4 * (depth + 1))))
+        ax = fig.add_subplot()
+        for nid, node in nodes.items():
+            parent = node.get("parent")
+            if parent in place and nid in place:
+                (x0, d0), (x1, d1) = place[parent], place[nid]
+                ax.plot([x0, x1], [-d0, -d1], color="0.35", linewidth=1.3, zorder=1)
+        used = set()
+        for nid, (x, d) in place.items():
+            node = nodes[nid]
+            members = [int(m) for m in node.get("members") or []]
+            text = f"cluster {nid}\n{len(members)} client{'s' if len(members) != 1 else ''}"
+            face, edge = "#EEEEEE", "0.4"
+            if node.get("children"):
+                if node.get("split_round") is not None:
+                    text += f"\nsplit at round {node['split_round']}"
+            else:
+                purity = leaf_purity(members, truth)
+                if purity is not None:
+                    group, share = purity
+                    text += f"\ngroup {group} ({share:.0%})"
+                    edge = colour(groups.index(group))
+                    face = tint(edge)
+                    used.add(group)
+            ax.text(x, -d, text, ha="center", va="center", fontsize=9, zorder=2,
+                    bbox={"boxstyle": "round,pad=0.45", "facecolor": face, "edgecolor": edge,
+                          "linewidth": 1.5})
+        xs = [x for x, _ in place.values()]
+        ax.set_xlim(min(xs) - 0.7, max(xs) + 0.7)
+        ax.set_ylim(-depth - 0.6, 0.6)
+        ax.axis("off")
+        ax.set_title(f"Cluster tree: {run.title()}")
+        if used:
+            ax.legend(handles=[Patch(facecolor=tint(colour(groups.index(g))),
+                                     edgecolor=colour(groups.index(g)),
+                                     label=f"final cluster, mostly group {g}")
+                               for g in sorted(used)],
+                      loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        return _save(fig, path)

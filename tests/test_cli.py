@@ -1,0 +1,117 @@
+"""The command line: every user error is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import small_config
+
+
+def fedflock(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedflock", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def _write(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+BAD_CONFIGS = {
+    "unknown top-level key": ({"speed": 3}, "speed"),
+    "negative lr": ({"training": {"lr": -0.1}}, "training.lr"),
+    "groups > clients": ({"data": {"clients": 3, "scenario": {"kind": "rotation", "groups": 4}}},
+                         "groups"),
+    "unknown algorithm": ({"algorithm": {"name": "fedmagic"}}, "algorithm.name"),
+    "unknown algorithm parameter": ({"algorithm": {"name": "cfl", "eps3": 1}}, "algorithm.eps3"),
+    "eps rule without eps": ({"algorithm": {"name": "cfl", "split_rule": "eps"}}, "eps1"),
+    "unknown dataset": ({"data": {"dataset": "imagenet"}}, "data.dataset"),
+    "unknown model": ({"model": {"name": "resnet999"}}, "model.name"),
+    "unknown scenario": ({"data": {"scenario": {"kind": "chaos"}}}, "data.scenario.kind"),
+    "zero rounds": ({"rounds": 0}, "rounds"),
+    "participation above 1": ({"participation": {"fraction": 1.5}}, "participation.fraction"),
+    "unknown executor": ({"training": {"executor": "gpu-cluster"}}, "training.executor"),
+    "momentum of 1": ({"training": {"momentum": 1.0}}, "training.momentum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    raw, key = BAD_CONFIGS[case]
+    result = fedflock("run", str(_write(tmp_path / "c.yaml", raw)), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert key in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_other_user_errors_exit_2(tmp_path: Path) -> None:
+    cases = [
+        ("run", str(tmp_path / "missing.yaml")),
+        ("run", str(_write(tmp_path / "bad.yaml", {}).with_name("x.yaml"))),
+    ]
+    (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
+    cases.append(("run", str(tmp_path / "broken.yaml")))
+    good = _write(tmp_path / "good.yaml", small_config())
+    cases.append(("run", str(good), "--set", "training.lr"))  # no '='
+    cases.append(("run", str(good), "--set", "training.lr=-1"))
+    cases.append(("run", str(good), "--out", str(tmp_path / "none"), "--resume"))
+    cases.append(("compare", str(good), "--seeds", "a,b"))
+    cases.append(("report", str(tmp_path / "no-such-run")))
+    cases.append(("assign", str(tmp_path)))
+    nodata = _write(tmp_path / "nodata.yaml",
+                    {"data": {"dataset": "mnist", "root": str(tmp_path / "nowhere")}})
+    cases.append(("run", str(nodata), "--out", str(tmp_path / "nd")))
+    for args in cases:
+        result = fedflock(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:"), (args, result.stderr)
+
+
+def test_missing_data_file_names_the_file_and_where(tmp_path: Path) -> None:
+    cfg = _write(tmp_path / "c.yaml", {"data": {"dataset": "mnist", "root": str(tmp_path)}})
+    result = fedflock("run", str(cfg), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "train-images-idx3-ubyte" in result.stderr and str(tmp_path) in result.stderr
+
+
+def test_run_set_overrides_and_writes_the_run_directory(tmp_path: Path) -> None:
+    cfg = _write(tmp_path / "c.yaml", small_config())
+    out = tmp_path / "run"
+    result = fedflock("run", str(cfg), "--set", "rounds=2", "--set", "algorithm.name=local",
+                      "--out", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["algorithm"] == "local"
+    assert yaml.safe_load((out / "config.yaml").read_text())["rounds"] == 2
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (out / "checkpoints" / "last.pt").is_file()
+
+
+def test_compare_prints_a_table_and_writes_results(tmp_path: Path) -> None:
+    cfg = _write(tmp_path / "c.yaml", small_config())
+    out = tmp_path / "cmp"
+    result = fedflock("compare", str(cfg), "--algorithms", "fedavg,local", "--seeds", "0,1",
+                      "--out", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    assert "fedavg" in result.stdout and "local" in result.stdout
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["fedavg", "local"]
+    assert len(rows[0]["accuracy"]["per_seed"]) == 2
+    assert (out / "local" / "seed1" / "summary.json").is_file()
+
+
+def test_list_names_every_registered_component() -> None:
+    result = fedflock("list")
+    assert result.returncode == 0
+    for name in ("mnist5k", "label_permutation", "cnn_bn", "cfl", "fedavg_ft", "processes"):
+        assert name in result.stdout

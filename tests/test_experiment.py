@@ -1,0 +1,102 @@
+"""Determinism, checkpoints and resume (including a killed run), run-directory contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedflock.config import validate
+from fedflock.errors import FedflockError
+from fedflock.experiment import run_experiment, sample_clients, without_timings
+from tests.conftest import small_config
+
+CFL = {"name": "cfl", "warmup_rounds": 2, "patience": 2}
+
+
+def test_same_seed_gives_identical_summary(tmp_path: Path) -> None:
+    raw = small_config(algorithm=CFL, rounds=10, **{"data.clients": 8})
+    a = run_experiment(validate(raw), tmp_path / "a", quiet=True)
+    b = run_experiment(validate(raw), tmp_path / "b", quiet=True)
+    assert without_timings(a) == without_timings(b)
+    c = run_experiment(validate({**raw, "seed": 1}), tmp_path / "c", quiet=True)
+    assert without_timings(c) != without_timings(a)
+
+
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    raw = small_config(algorithm=CFL, rounds=10, checkpoint_every=3, **{"data.clients": 8})
+    full = run_experiment(validate(raw), tmp_path / "full", quiet=True)
+    # Stop after 6 rounds (as if interrupted), then continue to 10 with --resume.
+    short = run_experiment(validate({**raw, "rounds": 6}), tmp_path / "part", quiet=True)
+    assert short["rounds"] == 6
+    config_path = tmp_path / "part" / "config.yaml"
+    config_path.write_text(yaml.safe_dump({**yaml.safe_load(config_path.read_text()),
+                                           "rounds": 10}, sort_keys=False))
+    resumed = run_experiment(validate(raw), tmp_path / "part", resume=True, quiet=True)
+    assert without_timings(resumed) == without_timings(full)
+    lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == list(range(1, 11))
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedflock", *args]
+
+
+def test_killed_run_resumes_to_the_same_summary(tmp_path: Path) -> None:
+    raw = small_config(algorithm=CFL, rounds=60, checkpoint_every=2,
+                       **{"data.clients": 8, "data.samples_per_client": 100,
+                          "training.local_epochs": 2})
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "killed"
+    env = {**os.environ, "FEDFLOCK_QUIET": "1"}
+    proc = subprocess.Popen(_cli("run", str(config), "--out", str(out)), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 7:
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before it could be killed: {proc.stderr.read().decode()}")
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists(), "the run must have been interrupted"
+    done = subprocess.run(_cli("run", str(config), "--out", str(out), "--resume"), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    resumed = json.loads((out / "summary.json").read_text())
+    full = run_experiment(validate(raw), tmp_path / "full", quiet=True)
+    assert without_timings(resumed) == without_timings(full)
+
+
+def test_a_finished_run_directory_is_never_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_experiment(validate(small_config()), out, quiet=True)
+    before = (out / "summary.json").read_text()
+    with pytest.raises(FedflockError, match="already holds a run"):
+        run_experiment(validate(small_config()), out, quiet=True)
+    assert (out / "summary.json").read_text() == before
+
+
+def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_experiment(validate(small_config()), out, quiet=True)
+    with pytest.raises(FedflockError, match="config differs"):
+        run_experiment(validate(small_config(**{"training.lr": 0.05})), out, resume=True)
+
+
+def test_participation_sampling_is_seeded_and_sized() -> None:
+    a = sample_clients(100, 0.1, seed=0, rnd=3)
+    assert a == sample_clients(100, 0.1, seed=0, rnd=3)
+    assert a != sample_clients(100, 0.1, seed=0, rnd=4)
+    assert len(a) == 10 and len(set(a)) == 10
+    assert sample_clients(5, 1.0, 0, 1) == [0, 1, 2, 3, 4]
