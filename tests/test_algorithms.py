@@ -83,7 +83,11 @@ def test_masking_hides_every_update_and_changes_nothing(tmp_path: Path,
         assert torch.equal(torch.sort(p).values, torch.sort(h).values)
     a, b = without_timings(summaries[False]), without_timings(summaries[True])
     assert a["clusters"] == b["clusters"] and a["accuracy"] == b["accuracy"]
-    assert [s["pseudo_f"] for s in a["splits"]] == [s["pseudo_f"] for s in b["splits"]]
+    # Split figures come from a float32 Gram matrix whose summation order the permutation
+    # changes: equal up to rounding, while the decisions and every model are identical.
+    assert [s["round"] for s in a["splits"]] == [s["round"] for s in b["splits"]]
+    for sa, sb in zip(a["splits"], b["splits"], strict=True):
+        assert sa["pseudo_f"] == pytest.approx(sb["pseudo_f"], rel=1e-5)
 
 
 def test_gradient_variant_runs_and_still_splits(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fedflock.clustering import ParameterTree, bipartition, minmax_bipartition_reference
 from fedflock.clustering.split_stats import pseudo_f, split_stats
-from fedflock.similarity import cosine_matrix
+from fedflock.similarity import cosine_matrix, gram_matrix
 
 
 def _random_similarity(m: int, seed: int) -> np.ndarray:
@@ -92,12 +92,24 @@ def test_pseudo_f_is_near_one_without_structure_and_large_with_it() -> None:
 def test_split_stats_on_two_groups_recovers_them() -> None:
     updates = _two_directions(10, 200, noise=0.3, seed=2)
     sim = cosine_matrix(updates).numpy()
-    stats = split_stats(updates, torch.ones(10), sim)
+    weights = np.arange(1.0, 11.0)
+    stats = split_stats(gram_matrix(updates).numpy(), weights, sim)
     assert stats.parts == ([0, 2, 4, 6, 8], [1, 3, 5, 7, 9])
     assert stats.alpha_cross_max < stats.alpha_intra_min and stats.gap > 0
     assert 0 <= stats.gamma_max < 1
     assert math.isclose(stats.gamma_bound, math.sqrt((1 - stats.alpha_cross_max) / 2))
     assert stats.max_norm >= stats.mean_norm
+    # The Gram-matrix shortcuts equal the direct definitions.
+    w = torch.tensor(weights)
+    assert math.isclose(stats.mean_norm, float((updates * w[:, None]).sum(0).norm() / w.sum()),
+                        rel_tol=1e-9)
+    assert math.isclose(stats.max_norm, float(updates.norm(dim=1).max()), rel_tol=1e-9)
+    gammas = []
+    for part in stats.parts:
+        idx = torch.tensor(part)
+        mean = (updates[idx] * w[idx, None]).sum(0) / w[idx].sum()
+        gammas += ((updates[idx] - mean).norm(dim=1) / updates[idx].norm(dim=1)).tolist()
+    assert math.isclose(stats.gamma_max, max(gammas), rel_tol=1e-7)
 
 
 def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,7 +29,7 @@ from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.protocol import TrainReply
 from fedflock.clustering import ParameterTree, split_stats
 from fedflock.clustering.split_stats import SplitStats
-from fedflock.similarity import cosine_matrix
+from fedflock.similarity import cosine_from_gram, gram_matrix
 
 
 class CFLParams(BaseModel):
@@ -78,10 +79,12 @@ class CFL(ClusteredAlgorithm):
             return None
         replies = sorted(replies, key=lambda r: r.client)
         updates = torch.stack([r.update[: self.update_size] for r in replies])
-        weights = torch.tensor([float(r.num_examples) for r in replies])
-        similarity = cosine_matrix(updates).numpy()
-        stats = split_stats(updates, weights, similarity, p.linkage)
-        diag.update(pseudo_f=round(stats.pseudo_f, 4), gap=round(stats.gap, 4))
+        gram = gram_matrix(updates)
+        similarity = cosine_from_gram(gram).numpy()
+        weights = np.array([float(r.num_examples) for r in replies])
+        stats = split_stats(gram.numpy(), weights, similarity, p.linkage)
+        diag.update(mean_norm=round(stats.mean_norm, 6), max_norm=round(stats.max_norm, 6),
+                    pseudo_f=round(stats.pseudo_f, 4), gap=round(stats.gap, 4))
         if rnd < p.warmup_rounds:
             return None
         cluster.history.append(stats.pseudo_f)

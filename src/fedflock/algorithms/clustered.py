@@ -57,16 +57,15 @@ class ClusteredAlgorithm(Algorithm):
             got = by_cluster.get(cluster.id, [])
             diag: dict[str, Any] = {"id": cluster.id, "size": len(cluster.members),
                                     "replied": len(got)}
-            if got:
-                updates = torch.stack([r.update[: self.update_size] for r in got]).double()
-                mean = _weighted_mean(updates, got)
-                diag["mean_norm"] = round(float(mean.norm()), 6)
-                diag["max_norm"] = round(float(updates.norm(dim=1).max()), 6)
             parts = self.partition(rnd, cluster, got, diag) if got else None
             log.append(diag)
             if parts is None:
-                self._apply(cluster, got)
+                mean = self._apply(cluster, got)
                 next_clusters.append(cluster)
+                if mean is not None and "mean_norm" not in diag:
+                    top = max(float(r.update[: self.update_size].norm()) for r in got)
+                    diag["mean_norm"] = round(float(mean[: self.update_size].norm()), 6)
+                    diag["max_norm"] = round(top, 6)
                 continue
             for members in parts:
                 child = self.new_cluster(members, cluster.params)
@@ -77,10 +76,13 @@ class ClusteredAlgorithm(Algorithm):
         return {"clusters": log}
 
     @staticmethod
-    def _apply(cluster: Cluster, replies: list[TrainReply]) -> None:
-        if replies:
-            full = torch.stack([r.update for r in replies])
-            cluster.params = cluster.params + _weighted_mean(full, replies).to(cluster.params.dtype)
+    def _apply(cluster: Cluster, replies: list[TrainReply]) -> torch.Tensor | None:
+        """Add the replies' weighted mean update to the cluster model; return that mean."""
+        if not replies:
+            return None
+        mean = _weighted_mean([r.update for r in replies], replies)
+        cluster.params = cluster.params + mean.to(cluster.params.dtype)
+        return mean
 
     def model_of(self, client: int) -> torch.Tensor:
         return self._cluster_of[client].params
@@ -104,7 +106,7 @@ class ClusteredAlgorithm(Algorithm):
         self._index_members()
 
 
-def _weighted_mean(updates: torch.Tensor, replies: list[TrainReply]) -> torch.Tensor:
+def _weighted_mean(updates: list[torch.Tensor], replies: list[TrainReply]) -> torch.Tensor:
     """Example-weighted mean, accumulated row by row: every coordinate sees the same sequence of
     additions wherever it sits in the vector, so the result is exactly permutation-equivariant
     (a masked run aggregates bit for bit like a plain one; a fused reduction is not)."""

@@ -15,7 +15,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from fedflock.clustering.bipartition import Linkage, bipartition
 
@@ -50,25 +49,29 @@ def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> floa
     return float(between / (within / (n - 2)))
 
 
-def split_stats(updates: torch.Tensor, weights: torch.Tensor, similarity: np.ndarray,
+def split_stats(gram: np.ndarray, weights: np.ndarray, similarity: np.ndarray,
                 linkage: Linkage = "single") -> SplitStats:
-    """Statistics of the best bipartition of one cluster's `updates` (rows), weighted by size."""
+    """Statistics of the best bipartition of one cluster, from the Gram matrix of its updates
+    (rows in the same order as `similarity`) and the clients' example counts."""
+    gram = np.asarray(gram, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
     parts = bipartition(similarity, linkage)
     a, b = parts
     intra = np.concatenate(
         [similarity[np.ix_(p, p)][~np.eye(len(p), dtype=bool)] for p in parts]
     )
-    alpha_intra_min = float(intra.min()) if intra.size else 1.0
-    alpha_cross_max = float(similarity[np.ix_(a, b)].max())
-    u = updates.double()
-    w = weights.double()
-    norms = u.norm(dim=1)
-    gamma = torch.zeros(len(u), dtype=torch.float64)
+    sq_norms = np.clip(np.diag(gram), 0.0, None)
+    gamma = np.zeros(len(gram))
     for p in parts:
-        idx = torch.tensor(p)
-        mean = (u[idx] * w[idx, None]).sum(0) / w[idx].sum()
-        gamma[idx] = (u[idx] - mean).norm(dim=1) / norms[idx].clamp_min(1e-300)
-    mean_all = (u * w[:, None]).sum(0) / w.sum()
+        # ||u_i - m||^2 with m the weighted mean of part p, expanded through the Gram matrix.
+        wp = w[p] / w[p].sum()
+        cross = gram[np.ix_(p, p)] @ wp
+        mean_sq = wp @ gram[np.ix_(p, p)] @ wp
+        dist = np.clip(sq_norms[p] - 2 * cross + mean_sq, 0.0, None)
+        gamma[p] = np.sqrt(dist) / np.maximum(np.sqrt(sq_norms[p]), 1e-300)
+    alpha_cross_max = float(similarity[np.ix_(a, b)].max())
+    alpha_intra_min = float(intra.min()) if intra.size else 1.0
+    wn = w / w.sum()
     return SplitStats(
         parts=parts,
         alpha_intra_min=alpha_intra_min,
@@ -77,6 +80,6 @@ def split_stats(updates: torch.Tensor, weights: torch.Tensor, similarity: np.nda
         gamma_max=float(gamma.max()),
         gamma_bound=math.sqrt(max(0.0, (1.0 - alpha_cross_max) / 2.0)),
         pseudo_f=pseudo_f(similarity, parts),
-        mean_norm=float(mean_all.norm()),
-        max_norm=float(norms.max()),
+        mean_norm=float(np.sqrt(max(wn @ gram @ wn, 0.0))),
+        max_norm=float(np.sqrt(sq_norms.max())),
     )
