@@ -133,7 +133,15 @@ def list_components() -> None:
             typer.echo(f"  {name:<{width}}  {doc}")
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    return f"warning: {message}\n"
+
+
 def main() -> None:
+    import warnings
+
+    warnings.formatwarning = _one_line_warning
     try:
         app(standalone_mode=False)
     except FedflockError as err:

@@ -46,7 +46,8 @@ class ScenarioConfig(_Strict):
     quantity_sigma: float = Field(1.0, gt=0, description="log-normal sigma for quantity_skew")
     swap_pairs: int | None = Field(None, ge=1, description="label pairs swapped per group")
     transforms: list[Literal["none", "noise", "brightness", "invert", "contrast"]] = Field(
-        default_factory=lambda: ["none", "invert", "noise", "brightness", "contrast"]
+        default_factory=lambda: ["none", "invert", "noise", "brightness", "contrast"],
+        description="feature_skew: group k applies transforms[k] (one distinct entry per group)",
     )
     noise_std: float = Field(0.5, ge=0)
 
@@ -61,10 +62,14 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _groups_fit(self) -> DataConfig:
-        if self.scenario.groups > self.clients:
+        sc = self.scenario
+        if sc.groups > self.clients:
             raise ValueError(
-                f"scenario.groups ({self.scenario.groups}) must not exceed clients ({self.clients})"
+                f"scenario.groups ({sc.groups}) must not exceed clients ({self.clients})"
             )
+        if sc.kind == "feature_skew" and len(set(sc.transforms[: sc.groups])) < sc.groups:
+            raise ValueError(f"scenario.transforms: feature_skew with {sc.groups} groups needs "
+                             f"{sc.groups} distinct transforms, one per group")
         return self
 
     def resolved_root(self) -> Path | None:

@@ -1,7 +1,13 @@
 """Dataset readers and heterogeneity scenarios."""
 
 from fedflock.data.datasets import DATASETS, Dataset, load_dataset
-from fedflock.data.scenarios import SCENARIO_DOCS, ClientData, FederatedData, build_federated_data
+from fedflock.data.scenarios import (
+    SCENARIO_DOCS,
+    ClientData,
+    FederatedData,
+    SampleReuseWarning,
+    build_federated_data,
+)
 
 __all__ = [
     "DATASETS",
@@ -9,6 +15,7 @@ __all__ = [
     "ClientData",
     "Dataset",
     "FederatedData",
+    "SampleReuseWarning",
     "build_federated_data",
     "load_dataset",
 ]
