@@ -87,3 +87,17 @@ def test_auto_never_picks_batched_on_cpu() -> None:
         executor.close()
     forced = choose_executor(runtime, "sequential", None)
     assert forced.name == "sequential"
+
+
+def test_every_executor_evaluates_like_the_runtime() -> None:
+    runtime = _runtime("cnn")
+    start = runtime.initial_params()
+    other = start + 0.01
+    models = {c: (start if c % 2 else other) for c in range(runtime.num_clients)}
+    expected = runtime.evaluate(models)
+    for name in ("sequential", "processes"):
+        with EXECUTORS.get(name)(runtime, 2) as executor:
+            got = executor.evaluate(models)
+        assert got.keys() == expected.keys()
+        for c in expected:
+            assert got[c] == pytest.approx(expected[c], abs=1e-9)

@@ -34,6 +34,10 @@ class Executor(ABC):
     def train(self, tasks: list[TrainTask]) -> list[TrainReply]:
         """Replies in the order of `tasks`."""
 
+    def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+        """(accuracy, loss) of each client's model on its own held-out data."""
+        return self.runtime.evaluate(models)
+
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release workers; safe to call twice."""
 
@@ -65,6 +69,11 @@ def _worker_init() -> None:
 def _worker_train(tasks: list[TrainTask]) -> list[TrainReply]:
     assert _worker_runtime is not None
     return _worker_runtime.train_many(tasks)
+
+
+def _worker_evaluate(models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+    assert _worker_runtime is not None
+    return _worker_runtime.evaluate(models)
 
 
 def available_cores() -> int:
@@ -104,6 +113,18 @@ class ProcessExecutor(Executor):
             for i, reply in zip(positions, chunk_replies, strict=True):
                 replies[i] = reply
         return replies  # type: ignore[return-value]
+
+    def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
+        """Clients split over the workers; a cluster's model tensor is pickled once per worker
+        (pickle keeps shared objects shared), so workers still evaluate a cluster in one pass."""
+        clients = sorted(models)
+        share = -(-len(clients) // self.workers)
+        chunks = [{c: models[c] for c in clients[i : i + share]}
+                  for i in range(0, len(clients), share)]
+        out: dict[int, tuple[float, float]] = {}
+        for part in self._pool.map(_worker_evaluate, chunks):
+            out.update(part)
+        return out
 
     def close(self) -> None:
         if self._pool is not None:

@@ -6,6 +6,7 @@ alike): it unmasks what the server sends, runs the task, and masks what goes bac
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import torch
@@ -28,6 +29,11 @@ class ClientRuntime:
         self.seed = seed
         self.model = build_model(model, data.input_shape, data.num_classes).to(self.dtype)
         self.spec = FlatSpec.of(self.model)
+        # Evaluation only: conv nets run about 2x faster channels-last on CPU (same accuracy;
+        # training keeps the default layout so every executor computes identical updates).
+        self.eval_model = copy.deepcopy(self.model)
+        if len(data.input_shape) == 3:
+            self.eval_model = self.eval_model.to(memory_format=torch.channels_last)
         privacy = privacy or PrivacyConfig()
         self.mask = PermutationMask(self.spec, privacy.mask_seed) if privacy.masking else None
         for c in data.clients:
@@ -82,10 +88,12 @@ class ClientRuntime:
             tensors[id(params)] = params
         out: dict[int, tuple[float, float]] = {}
         for key, clients in by_model.items():
-            self.spec.load(self.model, self.receive(tensors[key]).to(self.dtype))
+            self.spec.load(self.eval_model, self.receive(tensors[key]).to(self.dtype))
             xs = torch.cat([self.data.clients[c].x_test for c in clients])
             ys = torch.cat([self.data.clients[c].y_test for c in clients])
-            correct, losses = evaluate_model(self.model, xs, ys)
+            if xs.dim() == 4:
+                xs = xs.contiguous(memory_format=torch.channels_last)
+            correct, losses = evaluate_model(self.eval_model, xs, ys)
             offset = 0
             for c in clients:
                 n = len(self.data.clients[c].y_test)

@@ -82,7 +82,7 @@ def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torc
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 256
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample (correct, loss) of `model` in eval mode."""
     model.eval()

@@ -36,7 +36,7 @@ class EmbeddedEngine:
 
     def evaluate(self, algorithm: Algorithm) -> dict[int, tuple[float, float]]:
         models = {c: algorithm.model_of(c) for c in range(self.runtime.num_clients)}
-        return self.runtime.evaluate(models)
+        return self.executor.evaluate(models)
 
     def close(self) -> None:
         self.executor.close()
