@@ -27,7 +27,6 @@ from fedflock.experiment import run_experiment
 from fedflock.report import make_report
 from fedflock.report.load import load_compare
 from fedflock.report.plots import (
-    adjusted_rand,
     leaf_purity,
     plot_compare_accuracy,
     split_order,
@@ -235,16 +234,6 @@ def test_tree_layout_and_purity() -> None:
     assert place[1][0] == pytest.approx((place[3][0] + place[4][0]) / 2)
     assert leaf_purity([0, 1, 2], [1, 1, 0]) == (1, pytest.approx(2 / 3))
     assert leaf_purity([5], [0, 1]) is None
-
-
-@pytest.mark.parametrize(("a", "b"), [
-    ([0, 0, 1, 1], [1, 1, 0, 0]), ([0, 0, 1, 1, 2], [0, 1, 1, 2, 2]), ([0, 0, 0], [0, 1, 2]),
-    ([0, 0, 0], [3, 3, 3]), ([1, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]),
-])
-def test_adjusted_rand_matches_sklearn(a: list[int], b: list[int]) -> None:
-    from sklearn.metrics import adjusted_rand_score
-
-    assert adjusted_rand(a, b) == pytest.approx(adjusted_rand_score(a, b))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

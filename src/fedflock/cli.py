@@ -78,7 +78,7 @@ def compare(config: Path,
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for row in rows:
         table.add_row(*format_row(row))
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
     typer.echo(f"runs and compare.md in {out}")
 
 
