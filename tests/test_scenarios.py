@@ -225,10 +225,13 @@ def test_feature_skew_uses_the_listed_transform_of_every_group() -> None:
 
 
 def test_feature_skew_needs_one_distinct_transform_per_group() -> None:
-    with pytest.raises(ConfigError, match=r"data\.scenario\.transforms"):
-        build(config(clients=6, kind="feature_skew", groups=3, transforms=["none", "invert"]))
-    with pytest.raises(ConfigError, match=r"data\.scenario\.transforms"):
-        build(config(clients=6, kind="feature_skew", groups=2, transforms=["noise", "noise"]))
+    from fedflock.config import validate
+
+    for groups, transforms in ((3, ["none", "invert"]), (2, ["noise", "noise"])):
+        raw = {"data": {"dataset": "digits", "clients": 6, "scenario": {
+            "kind": "feature_skew", "groups": groups, "transforms": transforms}}}
+        with pytest.raises(ConfigError, match=r"scenario\.transforms"):
+            validate(raw)
 
 
 def test_noise_differs_between_clients_and_splits() -> None:

@@ -243,11 +243,8 @@ def _group_shifts(sc: ScenarioConfig, k: int, classes: int, seed: int) -> list[_
             return lambda x, _: _rotate(x, angle)
         return [_Shift(rotation(g * 360.0 / k) if g else None) for g in range(k)]
     if sc.kind == "feature_skew":
-        chosen = sc.transforms[:k]
-        if len(chosen) < k or len(set(chosen)) < k:
-            raise ConfigError(f"data.scenario.transforms: feature_skew with {k} groups needs {k} "
-                              f"distinct transforms, one per group (got {sc.transforms})")
-        return [_Shift(_feature_transform(kind, sc.noise_std)) for kind in chosen]
+        # DataConfig guarantees one distinct transform per group.
+        return [_Shift(_feature_transform(kind, sc.noise_std)) for kind in sc.transforms[:k]]
     return [_Shift() for _ in range(k)]
 
 
