@@ -147,5 +147,8 @@ def test_summary_has_the_design_fields(tmp_path: Path) -> None:
                 "true_groups", "ari", "accuracy", "splits", "wall_seconds", "rounds_per_second"):
         assert key in summary
     assert set(summary["accuracy"]) == {"mean", "worst", "per_client"}
+    timing = summary["timing"]
+    assert 0 < timing["train_seconds"] < timing["round_seconds"] <= summary["wall_seconds"]
+    assert 0 < timing["outside_training_share"] < 1
     assert np.isclose(summary["accuracy"]["mean"], np.mean(summary["accuracy"]["per_client"]),
                       atol=1e-5)

@@ -106,17 +106,21 @@ class Run:
         engine = EmbeddedEngine(runtime, executor)
         evaluation: dict[int, tuple[float, float]] = {}
         t_start = time.perf_counter() - elapsed
+        round_seconds = train_seconds = 0.0  # rounds run by this process (not before a resume)
         try:
             with self._progress() as progress:
                 task = progress.add_task(cfg.algorithm.name, total=cfg.rounds,
                                          completed=start_round) if progress else None
                 with (self.out / "metrics.jsonl").open("a") as log:
                     for rnd in range(start_round + 1, cfg.rounds + 1):
+                        t_round = time.perf_counter()
                         record, evaluation = self._round(engine, algorithm, rnd, evaluation)
                         log.write(json.dumps(record) + "\n")
                         log.flush()
                         if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                             self._save_checkpoint(rnd, algorithm, time.perf_counter() - t_start)
+                        round_seconds += time.perf_counter() - t_round
+                        train_seconds += record["timing"]["train"]
                         if progress:
                             progress.update(task, advance=1, description=(
                                 f"{cfg.algorithm.name} acc={record.get('accuracy_mean', 0):.3f} "
@@ -127,6 +131,12 @@ class Run:
             engine.close()
         wall = time.perf_counter() - t_start
         summary = self._summary(algorithm, data.groups, evaluation, wall, executor.name)
+        if round_seconds > 0:
+            summary["timing"] = {
+                "round_seconds": round(round_seconds, 3),
+                "train_seconds": round(train_seconds, 3),
+                "outside_training_share": round(1 - train_seconds / round_seconds, 4),
+            }
         self._write_splits(algorithm)
         _write_json(self.out / "summary.json", summary)
         return summary
