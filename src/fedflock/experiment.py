@@ -15,10 +15,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from fedflock.algorithms import ALGORITHMS, Algorithm, validate_params
-from fedflock.client.executors import choose_executor
-from fedflock.client.runtime import ClientRuntime
 from fedflock.config import ExperimentConfig, dump_config
-from fedflock.data.scenarios import build_federated_data
+from fedflock.engines.base import Engine
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.errors import FedflockError
 
@@ -34,14 +32,17 @@ def sample_clients(num_clients: int, fraction: float, seed: int, rnd: int) -> li
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
 
-def build_algorithm(config: ExperimentConfig, runtime: ClientRuntime, true_groups: np.ndarray
-                    ) -> Algorithm:
+def build_algorithm(config: ExperimentConfig, engine: Engine) -> Algorithm:
     cls = ALGORITHMS.get(config.algorithm.name)
     params = validate_params(config.algorithm)
     if getattr(cls, "needs_true_groups", False) and getattr(params, "clusters", 0) is None:
-        groups = [np.flatnonzero(true_groups == g).tolist() for g in np.unique(true_groups)]
-        params = params.model_copy(update={"clusters": groups})
-    return cls(params, runtime.num_clients, runtime.initial_params(), runtime.spec.num_trainable)
+        groups = engine.true_groups
+        if groups is None:
+            raise FedflockError("algorithm 'oracle' needs the true groups, which this "
+                                "federation does not report")
+        clusters = [np.flatnonzero(groups == g).tolist() for g in np.unique(groups)]
+        params = params.model_copy(update={"clusters": clusters})
+    return cls(params, engine.num_clients, engine.initial_params(), engine.update_size)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -95,15 +96,17 @@ class Run:
         return done, state.get("elapsed", 0.0)
 
     # -- the loop ------------------------------------------------------------------------
-    def execute(self, resume: bool = False) -> dict[str, Any]:
+    def execute(self, resume: bool = False, engine: Engine | None = None) -> dict[str, Any]:
+        """Run (or continue) the experiment; `engine` defaults to the embedded one."""
         cfg = self.config
-        data = build_federated_data(cfg.data, cfg.seed)
-        runtime = ClientRuntime(data, cfg.model, cfg.training, cfg.seed, cfg.privacy)
-        algorithm = build_algorithm(cfg, runtime, data.groups)
-        self._prepare_dir(resume)
-        start_round, elapsed = self._restore(algorithm) if resume else (0, 0.0)
-        executor = choose_executor(runtime, cfg.training.executor, cfg.training.workers)
-        engine = EmbeddedEngine(runtime, executor)
+        engine = engine or EmbeddedEngine.from_config(cfg)
+        try:
+            algorithm = build_algorithm(cfg, engine)
+            self._prepare_dir(resume)
+            start_round, elapsed = self._restore(algorithm) if resume else (0, 0.0)
+        except BaseException:
+            engine.close()
+            raise
         evaluation: dict[int, tuple[float, float]] = {}
         t_start = time.perf_counter() - elapsed
         round_seconds = train_seconds = 0.0  # rounds run by this process (not before a resume)
@@ -125,12 +128,12 @@ class Run:
                             progress.update(task, advance=1, description=(
                                 f"{cfg.algorithm.name} acc={record.get('accuracy_mean', 0):.3f} "
                                 f"k={len(algorithm.clusters())}"))
-            engine.finish(algorithm, cfg.rounds, list(range(runtime.num_clients)))
+            engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
             evaluation = engine.evaluate(algorithm)
         finally:
             engine.close()
         wall = time.perf_counter() - t_start
-        summary = self._summary(algorithm, data.groups, evaluation, wall, executor.name)
+        summary = self._summary(algorithm, engine, evaluation, wall)
         if round_seconds > 0:
             summary["timing"] = {
                 "round_seconds": round(round_seconds, 3),
@@ -141,17 +144,17 @@ class Run:
         _write_json(self.out / "summary.json", summary)
         return summary
 
-    def _round(self, engine: EmbeddedEngine, algorithm: Algorithm, rnd: int,
+    def _round(self, engine: Engine, algorithm: Algorithm, rnd: int,
                evaluation: dict[int, tuple[float, float]]
                ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
         cfg = self.config
-        clients = sample_clients(engine.runtime.num_clients, cfg.participation.fraction,
+        clients = sample_clients(engine.num_clients, cfg.participation.fraction,
                                  cfg.seed, rnd)
         diagnostics, timing = engine.train_round(algorithm, rnd, clients)
         record: dict[str, Any] = {"round": rnd, "participants": len(clients)}
         t0 = time.perf_counter()
         if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-            evaluation = engine.evaluate(algorithm)
+            evaluation = engine.evaluate(algorithm) or evaluation
             accs = [a for a, _ in evaluation.values()]
             record.update(
                 accuracy_mean=round(float(np.mean(accs)), 6),
@@ -161,7 +164,7 @@ class Run:
             )
         timing["evaluate"] = time.perf_counter() - t0
         clusters = algorithm.clusters()
-        assignment = np.empty(engine.runtime.num_clients, dtype=int)
+        assignment = np.empty(engine.num_clients, dtype=int)
         for k, members in enumerate(clusters):
             assignment[members] = k
         record.update(diagnostics, num_clusters=len(clusters), assignment=assignment.tolist(),
@@ -176,37 +179,44 @@ class Run:
         return Progress("[progress.description]{task.description}", BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
 
-    def _summary(self, algorithm: Algorithm, groups: np.ndarray,
-                 evaluation: dict[int, tuple[float, float]], wall: float, executor: str
-                 ) -> dict[str, Any]:
+    def _summary(self, algorithm: Algorithm, engine: Engine,
+                 evaluation: dict[int, tuple[float, float]], wall: float) -> dict[str, Any]:
         cfg = self.config
         clusters = algorithm.clusters()
-        labels = np.empty(len(groups), dtype=int)
+        labels = np.empty(engine.num_clients, dtype=int)
         for k, members in enumerate(clusters):
             labels[members] = k
-        accs = [evaluation[c][0] for c in range(len(groups))]
-        return {
+        groups = engine.true_groups
+        accs = [evaluation[c][0] for c in sorted(evaluation)]
+        summary: dict[str, Any] = {
             "algorithm": cfg.algorithm.name,
             "dataset": cfg.data.dataset,
             "scenario": cfg.data.scenario.kind,
             "seed": cfg.seed,
             "rounds": cfg.rounds,
-            "num_clients": len(groups),
+            "num_clients": engine.num_clients,
+            "engine": engine.name,
             "clusters": clusters,
             "num_clusters": len(clusters),
-            "true_groups": groups.tolist(),
-            "ari": round(float(adjusted_rand_score(groups, labels)), 6),
+            "true_groups": None if groups is None else groups.tolist(),
+            "ari": None if groups is None
+            else round(float(adjusted_rand_score(groups, labels)), 6),
             "accuracy": {
                 "mean": round(float(np.mean(accs)), 6),
                 "worst": round(float(np.min(accs)), 6),
-                "per_client": [round(a, 6) for a in accs],
+                "per_client": [round(evaluation[c][0], 6) if c in evaluation else None
+                               for c in range(engine.num_clients)],
             },
             "splits": algorithm.splits,
             "tree": algorithm.tree(),
-            "executor": executor,
+            "executor": engine.executor_name,
             "wall_seconds": round(wall, 3),
             "rounds_per_second": round(cfg.rounds / wall, 4) if wall > 0 else None,
         }
+        if engine.missing or engine.rejected:
+            summary["missing_rounds"] = {str(c): r for c, r in sorted(engine.missing.items())}
+            summary["rejected_replies"] = engine.rejected
+        return summary
 
     def _write_splits(self, algorithm: Algorithm) -> None:
         if not algorithm.split_matrices:

@@ -2,40 +2,55 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
+import numpy as np
+import torch
 
-from fedflock.algorithms.base import Algorithm
-from fedflock.client.executors import Executor
+from fedflock.client.executors import Executor, choose_executor
+from fedflock.client.protocol import TrainReply, TrainTask
 from fedflock.client.runtime import ClientRuntime
+from fedflock.config import ExperimentConfig
+from fedflock.data.scenarios import build_federated_data
+from fedflock.engines.base import Engine
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Engine):
+    name = "embedded"
+
     def __init__(self, runtime: ClientRuntime, executor: Executor) -> None:
+        super().__init__()
         self.runtime = runtime
         self.executor = executor
 
-    def train_round(self, algorithm: Algorithm, rnd: int, clients: list[int]
-                    ) -> tuple[dict[str, Any], dict[str, float]]:
-        """One round of training; returns (algorithm diagnostics, seconds per phase)."""
-        t0 = time.perf_counter()
-        tasks = algorithm.configure_train(rnd, clients)
-        t1 = time.perf_counter()
-        replies = self.executor.train(tasks)
-        t2 = time.perf_counter()
-        diagnostics = algorithm.aggregate_train(rnd, replies)
-        t3 = time.perf_counter()
-        losses = {r.client: r.loss for r in replies}
-        diagnostics["train_loss"] = round(sum(losses.values()) / max(1, len(losses)), 6)
-        return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> EmbeddedEngine:
+        data = build_federated_data(config.data, config.seed)
+        runtime = ClientRuntime(data, config.model, config.training, config.seed, config.privacy)
+        executor = choose_executor(runtime, config.training.executor, config.training.workers)
+        return cls(runtime, executor)
 
-    def finish(self, algorithm: Algorithm, rnd: int, clients: list[int]) -> None:
-        tasks = algorithm.final_tasks(rnd, clients)
-        if tasks:
-            algorithm.finalize(self.executor.train(tasks))
+    @property
+    def num_clients(self) -> int:
+        return self.runtime.num_clients
 
-    def evaluate(self, algorithm: Algorithm) -> dict[int, tuple[float, float]]:
-        models = {c: algorithm.model_of(c) for c in range(self.runtime.num_clients)}
+    @property
+    def update_size(self) -> int:
+        return self.runtime.spec.num_trainable
+
+    @property
+    def true_groups(self) -> np.ndarray:
+        return self.runtime.data.groups
+
+    @property
+    def executor_name(self) -> str:
+        return self.executor.name
+
+    def initial_params(self) -> torch.Tensor:
+        return self.runtime.initial_params()
+
+    def run_tasks(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
+        return self.executor.train(tasks)
+
+    def evaluate_models(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
         return self.executor.evaluate(models)
 
     def close(self) -> None:
