@@ -131,8 +131,6 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _supported(self) -> ExperimentConfig:
-        if self.engine == "flower":
-            raise ValueError("engine 'flower' is not available yet (only 'embedded')")
         if self.attack:
             raise ValueError("attacks are not available yet (leave 'attack' unset)")
         return self

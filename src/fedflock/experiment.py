@@ -99,6 +99,9 @@ class Run:
     def execute(self, resume: bool = False, engine: Engine | None = None) -> dict[str, Any]:
         """Run (or continue) the experiment; `engine` defaults to the embedded one."""
         cfg = self.config
+        if engine is None and cfg.engine == "flower":
+            raise FedflockError("engine 'flower': start it with `flwr run "
+                                "examples/flower-deployment` (see README, Flower)")
         engine = engine or EmbeddedEngine.from_config(cfg)
         try:
             algorithm = build_algorithm(cfg, engine)
@@ -128,8 +131,9 @@ class Run:
                             progress.update(task, advance=1, description=(
                                 f"{cfg.algorithm.name} acc={record.get('accuracy_mean', 0):.3f} "
                                 f"k={len(algorithm.clusters())}"))
-            engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
-            evaluation = engine.evaluate(algorithm)
+            finished = engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
+            if finished or not evaluation:  # the last round's evaluation is still current
+                evaluation = engine.evaluate(algorithm)
         finally:
             engine.close()
         wall = time.perf_counter() - t_start

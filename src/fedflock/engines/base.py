@@ -74,10 +74,12 @@ class Engine(ABC):
                 self.missing.setdefault(task.client, []).append(rnd)
         return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
 
-    def finish(self, algorithm: Algorithm, rnd: int, clients: list[int]) -> None:
+    def finish(self, algorithm: Algorithm, rnd: int, clients: list[int]) -> bool:
+        """Run the algorithm's final tasks (e.g. fine-tuning); True if there were any."""
         tasks = algorithm.final_tasks(rnd, clients)
         if tasks:
             algorithm.finalize(self.run_tasks(rnd, tasks))
+        return bool(tasks)
 
     def evaluate(self, algorithm: Algorithm) -> dict[int, tuple[float, float]]:
         return self.evaluate_models({c: algorithm.model_of(c) for c in range(self.num_clients)})

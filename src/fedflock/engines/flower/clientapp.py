@@ -1,0 +1,74 @@
+"""The fedflock ClientApp: Flower messages in, fedflock client tasks, Flower messages out.
+
+Each node is one fedflock client, `partition-id` in its node config. Its data come from the
+experiment's scenario (built deterministically from the config and seed, so every node derives
+the same split and keeps its own partition). `fault` in the node config (`nan`, `shape`) makes
+the node send a corrupted update, to test that the server refuses it.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedflock.client.runtime import ClientRuntime
+from fedflock.config import dump_config
+from fedflock.data.scenarios import build_federated_data
+from fedflock.engines.flower.codec import (
+    PARAMS,
+    record_vector,
+    reply_content,
+    task_from_content,
+    vector_record,
+)
+from fedflock.engines.flower.settings import experiment_config
+
+app = ClientApp()
+_runtimes: dict[str, ClientRuntime] = {}
+
+
+def _runtime(context: Context) -> tuple[ClientRuntime, int]:
+    config = experiment_config(context.run_config)
+    key = dump_config(config)
+    if key not in _runtimes:
+        data = build_federated_data(config.data, config.seed)
+        _runtimes[key] = ClientRuntime(data, config.model, config.training, config.seed,
+                                       config.privacy)
+    return _runtimes[key], int(context.node_config["partition-id"])
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    runtime, client = _runtime(context)
+    reply = runtime.train(task_from_content(message.content, client))
+    fault = str(context.node_config.get("fault", ""))
+    if fault == "nan":
+        reply.update = torch.full_like(reply.update, float("nan"))
+    elif fault == "shape":
+        reply.update = reply.update[:-1]
+    return Message(reply_content(reply), reply_to=message)
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    runtime, client = _runtime(context)
+    accuracy, loss = runtime.evaluate({client: record_vector(message.content, PARAMS)})[client]
+    metrics = MetricRecord({"client": client, "accuracy": accuracy, "loss": loss})
+    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    """Who am I: partition id, example count, hidden group (evaluation only), model layout, and
+    the agreed initial model (masked when masking is on) when the server asks for it."""
+    runtime, client = _runtime(context)
+    info = {"client": client, "num-examples": runtime.num_examples(client),
+            "group": int(runtime.data.groups[client]),
+            "update-size": runtime.spec.num_trainable}
+    content = RecordDict({"info": ConfigRecord(info)})
+    if int(message.content.config_records["ask"]["initial-params"]):
+        content[PARAMS] = vector_record(PARAMS, runtime.initial_params())
+    else:
+        content[PARAMS] = ArrayRecord()
+    return Message(content, reply_to=message)

@@ -1,0 +1,119 @@
+"""A real Flower deployment on loopback: one SuperLink and N SuperNodes as separate processes.
+
+For integration tests, benchmarks and trying the deployment on one machine. Every process is
+started in its own process group and torn down on exit, also when the body raises.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+APP = Path(__file__).resolve().parents[4] / "examples" / "flower-deployment"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalDeployment:
+    """`with LocalDeployment(4, workdir) as d: d.run(config_path, out)`."""
+
+    def __init__(self, nodes: int, workdir: Path, node_config: dict[int, str] | None = None,
+                 app: Path = APP) -> None:
+        self.nodes = nodes
+        self.workdir = Path(workdir)
+        self.node_config = node_config or {}
+        self.app = app
+        self.port = free_port()
+        self.supernodes: dict[int, subprocess.Popen] = {}
+        self.superlink: subprocess.Popen | None = None
+        bindir = str(Path(sys.executable).parent)
+        self.env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+                    "FLWR_HOME": str(self.workdir / "flwr-home"),
+                    "FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.flwr = shutil.which("flwr", path=self.env["PATH"]) or "flwr"
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = (self.workdir / f"{name}.log").open("w")
+        return subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=self.workdir)
+
+    def __enter__(self) -> LocalDeployment:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        home = self.workdir / "flwr-home"
+        home.mkdir(exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        try:
+            self.superlink = self._start("superlink", [
+                "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                "--port", str(self.port), "--database", ":flwr-in-memory:"])
+            self._wait_for_port(self.port)
+            for i in range(self.nodes):
+                self.start_node(i)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def start_node(self, partition: int) -> None:
+        config = f"partition-id={partition} num-partitions={self.nodes}"
+        if partition in self.node_config:
+            config += " " + self.node_config[partition]
+        self.supernodes[partition] = self._start(f"supernode{partition}", [
+            "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+            "--node-config", config, "--port", str(free_port())])
+
+    def _wait_for_port(self, port: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if self.superlink is not None and self.superlink.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited; see {self.workdir}/superlink.log")
+            time.sleep(0.2)
+        raise TimeoutError(f"flower-superlink did not listen on {port} within {timeout} s")
+
+    def submit(self, config: Path, out: Path, extra: str = "") -> subprocess.CompletedProcess:
+        """`flwr run` the app on this deployment (returns once the run is submitted)."""
+        run_config = f'config="{Path(config).resolve()}" out="{Path(out).resolve()}" {extra}'
+        return subprocess.run([self.flwr, "run", str(self.app), "local", "--run-config",
+                               run_config.strip()], env=self.env, capture_output=True,
+                              text=True, timeout=120, cwd=self.workdir)
+
+    def kill_node(self, partition: int) -> None:
+        proc = self.supernodes[partition]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        for proc in [*self.supernodes.values(), self.superlink]:
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for proc in [*self.supernodes.values(), self.superlink]:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

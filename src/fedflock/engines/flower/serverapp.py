@@ -1,0 +1,29 @@
+"""The fedflock ServerApp: any fedflock algorithm, driven over Flower's Grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedflock.engines.flower.engine import FlowerEngine
+from fedflock.engines.flower.settings import experiment_config
+from fedflock.experiment import Run
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    out = Path(str(context.run_config.get("out", "runs/flower")))
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        config = experiment_config(context.run_config)
+        timeout = float(context.run_config.get("round-timeout", 120.0))
+        engine = FlowerEngine(grid, config, timeout=timeout)
+        resume = (out / "checkpoints" / "last.pt").is_file()
+        Run(config, out, quiet=True).execute(resume=resume, engine=engine)
+    except Exception as err:  # the ServerApp's output is not shown by `flwr run`: keep it
+        (out / "error.txt").write_text(f"{type(err).__name__}: {err}\n")
+        raise
