@@ -50,13 +50,17 @@ def _wait_for(path: Path, deployment: LocalDeployment, timeout: float = 240.0) -
     raise AssertionError(f"no {path.name} after {timeout} s; logs:\n{logs}")
 
 
-def test_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: Path) -> None:
+def test_masked_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: Path) -> None:
+    """Permutation masking on, its seed only in the SuperNodes' node config: the server clusters
+    masked updates and must still find exactly the embedded engine's (unmasked) clusters."""
     raw = _apply(yaml.safe_load(DEMO.read_text()), FAST)
     embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
                               quiet=True)
     assert embedded["splits"], "the demo config should split in the embedded engine"
     out = tmp_path / "flower-run"
-    with LocalDeployment(raw["data"]["clients"], tmp_path / "deployment") as deployment:
+    nodes = raw["data"]["clients"]
+    secret = dict.fromkeys(range(nodes), "mask-seed=4242")
+    with LocalDeployment(nodes, tmp_path / "deployment", node_config=secret) as deployment:
         submitted = deployment.submit(DEMO, out, f"round-timeout=60.0 {_overrides(FAST)}")
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         summary = _wait_for(out / "summary.json", deployment)
@@ -67,6 +71,8 @@ def test_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: Path) ->
     assert [s["round"] for s in summary["splits"]] == [s["round"] for s in embedded["splits"]]
     rounds = (out / "metrics.jsonl").read_text().splitlines()
     assert len(rounds) == raw["rounds"]
+    # The run directory's config (the server's view) holds no masking secret.
+    assert yaml.safe_load((out / "config.yaml").read_text())["privacy"]["masking"] is False
 
 
 def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> None:

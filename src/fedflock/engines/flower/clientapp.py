@@ -2,8 +2,10 @@
 
 Each node is one fedflock client, `partition-id` in its node config. Its data come from the
 experiment's scenario (built deterministically from the config and seed, so every node derives
-the same split and keeps its own partition). `fault` in the node config (`nan`, `shape`) makes
-the node send a corrupted update, to test that the server refuses it.
+the same split and keeps its own partition). `mask-seed` in the node config turns on permutation
+masking with a seed that only the clients know (the ServerApp never reads node configs).
+`fault` in the node config (`nan`, `shape`) makes the node send a corrupted update, to test
+that the server refuses it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ _runtimes: dict[str, ClientRuntime] = {}
 
 def _runtime(context: Context) -> tuple[ClientRuntime, int]:
     config = experiment_config(context.run_config)
+    if "mask-seed" in context.node_config:  # the clients' shared secret, never the server's
+        privacy = config.privacy.model_copy(update={
+            "masking": True, "mask_seed": int(context.node_config["mask-seed"])})
+        config = config.model_copy(update={"privacy": privacy})
     key = dump_config(config)
     if key not in _runtimes:
         data = build_federated_data(config.data, config.seed)
