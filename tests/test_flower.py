@@ -105,3 +105,24 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
     assert per_client[killed] is None
     # A NaN model predicts class 0 everywhere (about 10% here); the healthy model does better.
     assert all(a > 0.15 for i, a in enumerate(per_client) if i != killed), per_client
+
+
+def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path) -> None:
+    """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
+    runtime (Ray): same clusters, same accuracy as the embedded engine."""
+    import subprocess
+    import sys
+
+    raw = _apply(yaml.safe_load(DEMO.read_text()), FAST)
+    embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
+                              quiet=True)
+    out = tmp_path / "simulated"
+    sets = [arg for k, v in FAST.items() for arg in ("--set", f"{k}={v}")]
+    done = subprocess.run([sys.executable, "-m", "fedflock", "run", str(DEMO), *sets,
+                           "--out", str(out), "-q"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "flower"
+    assert summary["clusters"] == embedded["clusters"]
+    assert abs(summary["accuracy"]["mean"] - embedded["accuracy"]["mean"]) <= 0.02

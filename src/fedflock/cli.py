@@ -41,7 +41,12 @@ def run(config: Path, set_: SetOpt = None,
 
     cfg = load_config(config, set_ or [])
     out = out or _default_out(config, f"{cfg.algorithm.name}-seed{cfg.seed}")
-    summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
+    if cfg.engine == "flower":  # Flower's simulation runtime, through `flwr run`
+        from fedflock.engines.flower.simulation import run_simulation
+
+        summary = run_simulation(config, set_ or [], out, cfg.data.clients)
+    else:
+        summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
     typer.echo(
         f"{summary['algorithm']}: accuracy {summary['accuracy']['mean']:.4f} "
         f"(worst {summary['accuracy']['worst']:.4f}), clusters {summary['num_clusters']}, "

@@ -100,8 +100,8 @@ class Run:
         """Run (or continue) the experiment; `engine` defaults to the embedded one."""
         cfg = self.config
         if engine is None and cfg.engine == "flower":
-            raise FedflockError("engine 'flower': start it with `flwr run "
-                                "examples/flower-deployment` (see README, Flower)")
+            raise FedflockError("engine 'flower' runs through Flower: `fedflock run` (simulation) "
+                                "or `flwr run examples/flower-deployment` (see README)")
         engine = engine or EmbeddedEngine.from_config(cfg)
         try:
             algorithm = build_algorithm(cfg, engine)

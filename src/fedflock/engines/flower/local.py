@@ -19,6 +19,14 @@ from types import TracebackType
 APP = Path(__file__).resolve().parents[4] / "examples" / "flower-deployment"
 
 
+def flower_env(home: Path) -> dict[str, str]:
+    """Environment for Flower processes: this interpreter's scripts first, no telemetry."""
+    bindir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -37,10 +45,7 @@ class LocalDeployment:
         self.port = free_port()
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.superlink: subprocess.Popen | None = None
-        bindir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-                    "FLWR_HOME": str(self.workdir / "flwr-home"),
-                    "FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env = flower_env(self.workdir / "flwr-home")
         self.flwr = shutil.which("flwr", path=self.env["PATH"]) or "flwr"
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
