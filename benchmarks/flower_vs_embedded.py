@@ -4,7 +4,9 @@ runtime (Ray), plus end-to-end seconds (start-up included).
 Workload: CFL on `mnist5k`, MLP 784-100-10, 4 label-permutation groups, 1 local epoch, batch 32,
 evaluation every round. Per-round time is `summary.json`'s `timing.round_seconds / rounds` (the
 whole loop of a round: training, aggregation, evaluation, logging, checkpoints); end-to-end is
-the wall time of the command. Not yet measured here: Flower's own FedAvg on the same model.
+the wall time of the command. The reference is Flower's own FedAvg strategy with fedflock's model,
+data and local training (`benchmarks/flower_fedavg_app`), timed from after a warm-up message
+(as fedflock's handshake) to the end of its rounds.
 
     .venv/bin/python benchmarks/flower_vs_embedded.py --clients 20,100 --rounds 10
 """
@@ -51,6 +53,34 @@ def measure(clients: int, rounds: int, engine: str, workdir: Path) -> dict:
             "clusters": summary["num_clusters"]}
 
 
+def measure_flower_fedavg(clients: int, rounds: int, workdir: Path) -> dict:
+    """Flower's own FedAvg strategy (benchmarks/flower_fedavg_app) on the same workload."""
+    from fedflock.engines.flower.local import flower_env
+    from fedflock.engines.flower.simulation import _stop_processes_mentioning
+
+    path = workdir / f"fedavg-{clients}.yaml"
+    path.write_text(yaml.safe_dump(config(clients, rounds, "flower")))
+    home, out = workdir / f"home-{clients}", workdir / f"fedavg-{clients}"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = ":local:"\n'
+        f"options.num-supernodes = {clients}\n"
+        "options.backend.client-resources.num-cpus = 1\n")
+    env = flower_env(home) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    start = time.perf_counter()
+    try:
+        subprocess.run(["flwr", "run", str(Path(__file__).parent / "flower_fedavg_app"), "sim",
+                        "--stream", "--run-config", f'config="{path}" out="{out}"'], env=env,
+                       capture_output=True, timeout=3600, check=True)
+    finally:
+        _stop_processes_mentioning(str(home))
+    wall = time.perf_counter() - start
+    timing = json.loads((out / "timing.json").read_text())
+    return {"engine": "flower-fedavg", "clients": clients, "rounds": rounds,
+            "seconds_per_round": timing["seconds"] / rounds, "end_to_end_seconds": wall,
+            "accuracy": None, "clusters": 1}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="20,100")
@@ -59,18 +89,21 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for clients in [int(c) for c in args.clients.split(",")]:
-            for engine in ("embedded", "flower"):
-                row = measure(clients, args.rounds, engine, Path(tmp))
+            for engine in ("embedded", "flower", "flower-fedavg"):
+                row = (measure_flower_fedavg(clients, args.rounds, Path(tmp))
+                       if engine == "flower-fedavg"
+                       else measure(clients, args.rounds, engine, Path(tmp)))
                 rows.append(row)
-                print(f"{clients:4d} clients  {engine:8s}  {row['seconds_per_round']:.3f} s/round"
-                      f"  end-to-end {row['end_to_end_seconds']:.1f} s  accuracy "
-                      f"{row['accuracy']:.3f}  clusters {row['clusters']}", flush=True)
+                print(f"{clients:4d} clients  {engine:13s}  {row['seconds_per_round']:.3f} "
+                      f"s/round  end-to-end {row['end_to_end_seconds']:.1f} s  accuracy "
+                      f"{row['accuracy']}  clusters {row['clusters']}", flush=True)
     for clients in sorted({r["clients"] for r in rows}):
-        emb, flw = (next(r for r in rows if r["clients"] == clients and r["engine"] == e)
-                    for e in ("embedded", "flower"))
+        emb, flw, ref = (next(r for r in rows if r["clients"] == clients and r["engine"] == e)
+                         for e in ("embedded", "flower", "flower-fedavg"))
         ratio = flw["seconds_per_round"] / emb["seconds_per_round"]
-        print(f"{clients} clients: embedded is {ratio:.1f}x faster per round than Flower "
-              "simulation")
+        overhead = flw["seconds_per_round"] / ref["seconds_per_round"] - 1
+        print(f"{clients} clients: embedded is {ratio:.1f}x faster per round than fedflock on "
+              f"Flower simulation; fedflock on Flower vs Flower's FedAvg: {overhead:+.0%}")
     print(json.dumps(rows))
 
 
