@@ -76,6 +76,33 @@ class ClientRuntime:
     def train_many(self, tasks: Iterable[TrainTask]) -> list[TrainReply]:
         return [self.train(t) for t in tasks]
 
+    def losses(self, client: int, models: torch.Tensor) -> torch.Tensor:
+        """Mean training loss of each of K models (rows) on the client's data (IFCA-style
+        cluster selection)."""
+        data = self.data.clients[client]
+        out = []
+        for params in models:
+            self.spec.load(self.eval_model, self.receive(params).to(self.dtype))
+            x = data.x_train
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            out.append(evaluate_model(self.eval_model, x, data.y_train)[1].mean())
+        return torch.stack(out)
+
+    def basis(self, client: int, rank: int) -> torch.Tensor:
+        """The top `rank` left singular vectors of the client's flattened training inputs
+        (d, rank): a data signature that reveals no sample (PACFL-style)."""
+        x = self.data.clients[client].x_train.reshape(len(self.data.clients[client].y_train), -1)
+        u, _, _ = torch.linalg.svd(x.T.double(), full_matrices=False)
+        return u[:, :rank].to(self.dtype)
+
+    @torch.no_grad()
+    def responses(self, params: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """Softmax outputs of a model on server-provided inputs (DistFL-style)."""
+        self.spec.load(self.eval_model, self.receive(params).to(self.dtype))
+        self.eval_model.eval()
+        return torch.softmax(self.eval_model(inputs.to(self.dtype)), dim=1)
+
     def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
         """(accuracy, loss) of each client's own model on its held-out data.
 

@@ -78,3 +78,36 @@ def query(message: Message, context: Context) -> Message:
     else:
         content[PARAMS] = ArrayRecord()
     return Message(content, reply_to=message)
+
+
+# Custom actions (`train.<action>`) for tasks other algorithms ask of clients. Each takes the
+# inputs in the message's `inputs` ArrayRecord and answers with `outputs`.
+def _answer(message: Message, key: str, value: torch.Tensor) -> Message:
+    return Message(RecordDict({"outputs": vector_record(key, value)}), reply_to=message)
+
+
+def _input(message: Message, key: str) -> torch.Tensor:
+    return torch.from_numpy(message.content.array_records["inputs"][key].numpy().copy())
+
+
+@app.train("losses")
+def losses(message: Message, context: Context) -> Message:
+    """Loss of each of K models (`inputs.models`, shape (K, P)) on this client's data."""
+    runtime, client = _runtime(context)
+    return _answer(message, "losses", runtime.losses(client, _input(message, "models")))
+
+
+@app.train("basis")
+def basis(message: Message, context: Context) -> Message:
+    """Top-`rank` singular vectors of this client's data (`config.rank`)."""
+    runtime, client = _runtime(context)
+    rank = int(message.content.config_records["config"]["rank"])
+    return _answer(message, "basis", runtime.basis(client, rank))
+
+
+@app.train("responses")
+def responses(message: Message, context: Context) -> Message:
+    """Softmax responses of the sent model (`inputs.params`) to the sent `inputs.inputs`."""
+    runtime, _ = _runtime(context)
+    out = runtime.responses(_input(message, "params"), _input(message, "inputs"))
+    return _answer(message, "responses", out)
