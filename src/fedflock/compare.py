@@ -11,7 +11,7 @@ import numpy as np
 from fedflock.config import ExperimentConfig, validate
 from fedflock.experiment import run_experiment
 
-COLUMNS = ("algorithm", "accuracy", "worst", "clusters", "ari", "rounds", "seconds")
+HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds")
 
 
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
@@ -73,7 +73,7 @@ def format_row(row: dict[str, Any]) -> list[str]:
 
 
 def markdown_table(rows: list[dict[str, Any]], seeds: list[int]) -> str:
-    header = ["algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds"]
+    header = list(HEADER)
     lines = [f"Seeds: {', '.join(map(str, seeds))} (mean ± std over seeds, final round)", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(format_row(r)) + " |" for r in rows]

@@ -112,9 +112,6 @@ class CFL(ClusteredAlgorithm):
     def tree(self) -> list[dict[str, Any]]:
         return self.param_tree.describe()
 
-    def leaf_models(self) -> dict[int, torch.Tensor]:
-        return {c.id: c.params for c in self._clusters}
-
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"tree": self.param_tree.to_dict()}
 

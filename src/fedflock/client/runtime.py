@@ -83,10 +83,8 @@ class ClientRuntime:
         out = []
         for params in models:
             self.spec.load(self.eval_model, self.receive(params).to(self.dtype))
-            x = data.x_train
-            if x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            out.append(evaluate_model(self.eval_model, x, data.y_train)[1].mean())
+            out.append(evaluate_model(self.eval_model, _eval_layout(data.x_train),
+                                      data.y_train)[1].mean())
         return torch.stack(out)
 
     def basis(self, client: int, rank: int) -> torch.Tensor:
@@ -118,9 +116,7 @@ class ClientRuntime:
             self.spec.load(self.eval_model, self.receive(tensors[key]).to(self.dtype))
             xs = torch.cat([self.data.clients[c].x_test for c in clients])
             ys = torch.cat([self.data.clients[c].y_test for c in clients])
-            if xs.dim() == 4:
-                xs = xs.contiguous(memory_format=torch.channels_last)
-            correct, losses = evaluate_model(self.eval_model, xs, ys)
+            correct, losses = evaluate_model(self.eval_model, _eval_layout(xs), ys)
             offset = 0
             for c in clients:
                 n = len(self.data.clients[c].y_test)
@@ -129,3 +125,8 @@ class ClientRuntime:
                 out[c] = (acc, loss)
                 offset += n
         return out
+
+
+def _eval_layout(x: torch.Tensor) -> torch.Tensor:
+    """Images in the channels-last layout of the evaluation copy of the model."""
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x

@@ -59,7 +59,3 @@ class FlatSpec:
         with torch.no_grad():
             for name, value in tensors.items():
                 state[name].copy_(value)
-
-    def trainable(self, vectors: torch.Tensor) -> torch.Tensor:
-        """The part of (a batch of) vectors that forms the update used for similarity."""
-        return vectors[..., : self.num_trainable]
