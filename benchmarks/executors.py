@@ -116,9 +116,10 @@ class TimedRun(Run):
         self.round_starts[rnd] = now
         return super()._round(engine, algorithm, rnd, evaluation)
 
-    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, elapsed: float) -> None:
+    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, engine: EmbeddedEngine,
+                         elapsed: float) -> None:
         t0 = time.perf_counter()
-        super()._save_checkpoint(rnd, algorithm, elapsed)
+        super()._save_checkpoint(rnd, algorithm, engine, elapsed)
         t1 = time.perf_counter()
         self.checkpoints[rnd] = t1 - t0
         if rnd == self.config.rounds:  # nothing but the final evaluation follows

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedflock.config import validate
+from fedflock.config import ParticipationConfig, validate
 from fedflock.errors import FedflockError
 from fedflock.experiment import run_experiment, sample_clients, without_timings
 from tests.conftest import small_config
@@ -95,8 +95,12 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
 
 
 def test_participation_sampling_is_seeded_and_sized() -> None:
-    a = sample_clients(100, 0.1, seed=0, rnd=3)
-    assert a == sample_clients(100, 0.1, seed=0, rnd=3)
-    assert a != sample_clients(100, 0.1, seed=0, rnd=4)
+    tenth = ParticipationConfig(fraction=0.1)
+    a = sample_clients(100, tenth, seed=0, rnd=3)
+    assert a == sample_clients(100, tenth, seed=0, rnd=3)
+    assert a != sample_clients(100, tenth, seed=0, rnd=4)
     assert len(a) == 10 and len(set(a)) == 10
-    assert sample_clients(5, 1.0, 0, 1) == [0, 1, 2, 3, 4]
+    assert sample_clients(5, ParticipationConfig(), 0, 1) == [0, 1, 2, 3, 4]
+    assert len(sample_clients(1000, ParticipationConfig(count=7), 0, 1)) == 7
+    # a tiny fraction still samples one client per round
+    assert len(sample_clients(100, ParticipationConfig(fraction=0.001), 0, 1)) == 1

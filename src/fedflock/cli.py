@@ -65,8 +65,8 @@ def compare(config: Path,
     from rich.console import Console
     from rich.table import Table
 
-    from fedflock.compare import HEADER, format_row
     from fedflock.compare import compare as run_compare
+    from fedflock.compare import format_row, header
     from fedflock.config import load_config
 
     cfg = load_config(config, set_ or [])
@@ -79,7 +79,7 @@ def compare(config: Path,
     rows = run_compare(cfg, names, seed_list, out, quiet=_quiet(quiet))
     table = Table(title=f"{cfg.data.dataset} / {cfg.data.scenario.kind} "
                         f"({cfg.data.clients} clients, seeds {seeds})")
-    for col in HEADER:
+    for col in header(rows):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for row in rows:
         table.add_row(*format_row(row))

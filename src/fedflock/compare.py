@@ -11,7 +11,14 @@ import numpy as np
 from fedflock.config import ExperimentConfig, validate
 from fedflock.experiment import run_experiment
 
-HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds")
+HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds",
+          "up Mfloats")
+ATTACK_HEADER = ("benign %", "ASR %")
+
+
+def header(rows: list[dict[str, Any]]) -> list[str]:
+    """The table's columns: the attack columns only when the runs faced an attack."""
+    return list(HEADER) + (list(ATTACK_HEADER) if any("benign" in r for r in rows) else [])
 
 
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
@@ -41,7 +48,7 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"mean": float(np.mean(values)), "std": float(np.std(values)),
                 "per_seed": [float(v) for v in values]}
 
-    return {
+    row = {
         "algorithm": name,
         "accuracy": stat([s["accuracy"]["mean"] for s in summaries]),
         "worst": stat([s["accuracy"]["worst"] for s in summaries]),
@@ -49,7 +56,14 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "ari": stat([s["ari"] for s in summaries]),
         "rounds": summaries[0]["rounds"],
         "seconds": stat([s["wall_seconds"] for s in summaries]),
+        "up_floats": stat([s["communication"]["up_floats"] / 1e6 for s in summaries]),
     }
+    attacks = [s.get("attack") for s in summaries]
+    if all(attacks):
+        row["benign"] = stat([a["benign_accuracy"] for a in attacks])
+        if all(a.get("attack_success_rate") is not None for a in attacks):
+            row["asr"] = stat([a["attack_success_rate"] for a in attacks])
+    return row
 
 
 def _fmt(stat: dict[str, float], pct: bool = False, digits: int = 2) -> str:
@@ -69,12 +83,15 @@ def format_row(row: dict[str, Any]) -> list[str]:
         _fmt(row["ari"], digits=2),
         str(row["rounds"]),
         _fmt(row["seconds"], digits=1),
+        _fmt(row["up_floats"], digits=1),
+        *([_fmt(row["benign"], pct=True), _fmt(row["asr"], pct=True) if "asr" in row else "–"]
+          if "benign" in row else []),
     ]
 
 
 def markdown_table(rows: list[dict[str, Any]], seeds: list[int]) -> str:
-    header = list(HEADER)
+    columns = header(rows)
     lines = [f"Seeds: {', '.join(map(str, seeds))} (mean ± std over seeds, final round)", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(format_row(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"

@@ -107,7 +107,46 @@ class AlgorithmConfig(BaseModel):
 
 
 class ParticipationConfig(_Strict):
+    """Clients sampled per round (seeded): `fraction` of them, or exactly `count` when given."""
+
     fraction: float = Field(1.0, gt=0, le=1)
+    count: int | None = Field(None, ge=1)
+
+    def per_round(self, num_clients: int) -> int:
+        k = self.count if self.count is not None else max(1, round(self.fraction * num_clients))
+        return min(k, num_clients)
+
+
+MODEL_POISONING = ("sign_flip", "zero", "random", "model_replacement")
+DATA_POISONING = ("label_flip", "model_replacement")
+
+
+class AttackConfig(_Strict):
+    """Malicious clients (a seeded `fraction` of all clients, up to a majority).
+
+    Model poisoning changes what a malicious client sends: `sign_flip` (the opposite of its honest
+    update, times `scale`), `zero`, `random` (Gaussian noise of `scale` times the honest norm),
+    `model_replacement` (trains on flipped labels and boosts its update by `scale`, by default
+    sampled clients / malicious sampled clients, so that it replaces the aggregate).
+    Data poisoning: `label_flip` trains on labels mapped by `label_map` (default 0-3 <-> 4-7).
+    `colluding` attackers send one common vector per round (their mean, or one shared noise draw).
+    """
+
+    kind: Literal["sign_flip", "zero", "random", "model_replacement", "label_flip"]
+    fraction: float = Field(gt=0, lt=1)
+    colluding: bool = False
+    scale: float | None = Field(None, gt=0)
+    label_map: dict[int, int] = Field(
+        default_factory=lambda: {0: 4, 1: 5, 2: 6, 3: 7, 4: 0, 5: 1, 6: 2, 7: 3})
+    start_round: int = Field(1, ge=1)
+
+    @property
+    def poisons_data(self) -> bool:
+        return self.kind in DATA_POISONING
+
+    @property
+    def poisons_model(self) -> bool:
+        return self.kind in MODEL_POISONING
 
 
 class PrivacyConfig(_Strict):
@@ -124,16 +163,10 @@ class ExperimentConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     participation: ParticipationConfig = Field(default_factory=ParticipationConfig)
-    attack: dict[str, Any] | None = None
+    attack: AttackConfig | None = None
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     checkpoint_every: int = Field(10, ge=1)
     eval_every: int = Field(1, ge=1)
-
-    @model_validator(mode="after")
-    def _supported(self) -> ExperimentConfig:
-        if self.attack:
-            raise ValueError("attacks are not available yet (leave 'attack' unset)")
-        return self
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:

@@ -15,21 +15,30 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from fedflock.algorithms import ALGORITHMS, Algorithm, validate_params
-from fedflock.config import ExperimentConfig, dump_config
+from fedflock.config import ExperimentConfig, ParticipationConfig, dump_config
 from fedflock.engines.base import Engine
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.errors import FedflockError
+from fedflock.robust import Adversary, malicious_clients
 
 TIMING_KEYS = ("wall_seconds", "rounds_per_second", "timing")
 
 
-def sample_clients(num_clients: int, fraction: float, seed: int, rnd: int) -> list[int]:
-    """The clients taking part in round `rnd` (seeded; everyone when fraction is 1)."""
-    k = max(1, round(fraction * num_clients))
+def sample_clients(num_clients: int, participation: ParticipationConfig, seed: int,
+                   rnd: int) -> list[int]:
+    """The clients taking part in round `rnd` (seeded, uniform without replacement)."""
+    k = participation.per_round(num_clients)
     if k >= num_clients:
         return list(range(num_clients))
     rng = np.random.default_rng([seed, 2, rnd])
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+
+
+def partition_labels(clusters: list[list[int]], num_clients: int) -> np.ndarray:
+    labels = np.empty(num_clients, dtype=int)
+    for k, members in enumerate(clusters):
+        labels[members] = k
+    return labels
 
 
 def build_algorithm(config: ExperimentConfig, engine: Engine) -> Algorithm:
@@ -79,14 +88,17 @@ class Run:
         (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(dump_config(self.config))
 
-    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, elapsed: float) -> None:
+    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, engine: Engine,
+                         elapsed: float) -> None:
         tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save({"round": rnd, "algorithm": algorithm.state_dict(), "elapsed": elapsed}, tmp)
+        torch.save({"round": rnd, "algorithm": algorithm.state_dict(), "elapsed": elapsed,
+                    "communication": engine.communication}, tmp)
         tmp.replace(self.checkpoint_path)
 
-    def _restore(self, algorithm: Algorithm) -> tuple[int, float]:
+    def _restore(self, algorithm: Algorithm, engine: Engine) -> tuple[int, float]:
         state = torch.load(self.checkpoint_path, weights_only=False)
         algorithm.load_state_dict(state["algorithm"])
+        engine.communication = dict(state.get("communication", engine.communication))
         done = state["round"]
         metrics = self.out / "metrics.jsonl"
         if metrics.exists():  # drop rounds logged after the checkpoint
@@ -103,10 +115,13 @@ class Run:
             raise FedflockError("engine 'flower' runs through Flower: `fedflock run` (simulation) "
                                 "or `flwr run examples/flower-deployment` (see README)")
         engine = engine or EmbeddedEngine.from_config(cfg)
+        malicious = malicious_clients(cfg.attack, engine.num_clients, cfg.seed)
+        if cfg.attack is not None and cfg.attack.poisons_model:
+            engine.adversary = Adversary(cfg.attack, malicious, cfg.seed)
         try:
             algorithm = build_algorithm(cfg, engine)
             self._prepare_dir(resume)
-            start_round, elapsed = self._restore(algorithm) if resume else (0, 0.0)
+            start_round, elapsed = self._restore(algorithm, engine) if resume else (0, 0.0)
         except BaseException:
             engine.close()
             raise
@@ -124,7 +139,8 @@ class Run:
                         log.write(json.dumps(record) + "\n")
                         log.flush()
                         if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
-                            self._save_checkpoint(rnd, algorithm, time.perf_counter() - t_start)
+                            self._save_checkpoint(rnd, algorithm, engine,
+                                                  time.perf_counter() - t_start)
                         round_seconds += time.perf_counter() - t_round
                         train_seconds += record["timing"]["train"]
                         if progress:
@@ -134,10 +150,13 @@ class Run:
             finished = engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
             if finished or not evaluation:  # the last round's evaluation is still current
                 evaluation = engine.evaluate(algorithm)
+            attack = self._attack_summary(algorithm, engine, evaluation, malicious)
         finally:
             engine.close()
         wall = time.perf_counter() - t_start
         summary = self._summary(algorithm, engine, evaluation, wall)
+        if attack is not None:
+            summary["attack"] = attack
         if round_seconds > 0:
             summary["timing"] = {
                 "round_seconds": round(round_seconds, 3),
@@ -152,8 +171,7 @@ class Run:
                evaluation: dict[int, tuple[float, float]]
                ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
         cfg = self.config
-        clients = sample_clients(engine.num_clients, cfg.participation.fraction,
-                                 cfg.seed, rnd)
+        clients = sample_clients(engine.num_clients, cfg.participation, cfg.seed, rnd)
         diagnostics, timing = engine.train_round(algorithm, rnd, clients)
         record: dict[str, Any] = {"round": rnd, "participants": len(clients)}
         t0 = time.perf_counter()
@@ -168,9 +186,14 @@ class Run:
             )
         timing["evaluate"] = time.perf_counter() - t0
         clusters = algorithm.clusters()
-        assignment = np.empty(engine.num_clients, dtype=int)
-        for k, members in enumerate(clusters):
-            assignment[members] = k
+        assignment = partition_labels(clusters, engine.num_clients)
+        if engine.true_groups is not None:
+            record["ari"] = round(float(adjusted_rand_score(engine.true_groups, assignment)), 6)
+            waiting = set(algorithm.unplaced())
+            if waiting:  # how well the clients placed so far are grouped
+                placed = [c for c in range(engine.num_clients) if c not in waiting]
+                record["ari_placed"] = round(float(adjusted_rand_score(
+                    engine.true_groups[placed], assignment[placed])), 6) if placed else None
         record.update(diagnostics, num_clusters=len(clusters), assignment=assignment.tolist(),
                       timing={k: round(v, 5) for k, v in timing.items()})
         return record, evaluation
@@ -187,9 +210,7 @@ class Run:
                  evaluation: dict[int, tuple[float, float]], wall: float) -> dict[str, Any]:
         cfg = self.config
         clusters = algorithm.clusters()
-        labels = np.empty(engine.num_clients, dtype=int)
-        for k, members in enumerate(clusters):
-            labels[members] = k
+        labels = partition_labels(clusters, engine.num_clients)
         groups = engine.true_groups
         accs = [evaluation[c][0] for c in sorted(evaluation)]
         summary: dict[str, Any] = {
@@ -214,6 +235,8 @@ class Run:
             "splits": algorithm.splits,
             "tree": algorithm.tree(),
             "executor": engine.executor_name,
+            "participation": {"per_round": cfg.participation.per_round(engine.num_clients)},
+            "communication": dict(engine.communication),
             "wall_seconds": round(wall, 3),
             "rounds_per_second": round(cfg.rounds / wall, 4) if wall > 0 else None,
         }
@@ -221,6 +244,42 @@ class Run:
             summary["missing_rounds"] = {str(c): r for c, r in sorted(engine.missing.items())}
             summary["rejected_replies"] = engine.rejected
         return summary
+
+    def _attack_summary(self, algorithm: Algorithm, engine: Engine,
+                        evaluation: dict[int, tuple[float, float]], malicious: list[int]
+                        ) -> dict[str, Any] | None:
+        """Who attacked, what each cluster holds, and how the benign clients fare: accuracy of
+        their own (cluster) models and, for label-flipping attacks, the attack success rate."""
+        attack = self.config.attack
+        if attack is None:
+            return None
+        bad = set(malicious)
+        benign = [c for c in sorted(evaluation) if c not in bad]
+        clusters = []
+        for k, members in enumerate(algorithm.clusters()):
+            accs = [evaluation[c][0] for c in members if c in evaluation]
+            clusters.append({"cluster": k, "size": len(members),
+                             "malicious": sum(c in bad for c in members),
+                             "accuracy": round(float(np.mean(accs)), 6) if accs else None})
+        # The cluster serving the most benign clients; judged with the ground truth, for
+        # evaluation only (no algorithm needs it: each client uses its own cluster's model).
+        benign_cluster = max(clusters, key=lambda c: (c["size"] - c["malicious"], -c["cluster"]))
+        out: dict[str, Any] = {
+            **attack.model_dump(mode="json", exclude={"label_map"}),
+            "malicious": malicious,
+            "benign_accuracy": round(float(np.mean([evaluation[c][0] for c in benign])), 6)
+            if benign else None,
+            "clusters": clusters,
+            "benign_cluster": {**benign_cluster,
+                               "judged_by": "most benign members (ground truth, evaluation only)"},
+        }
+        if attack.poisons_data:
+            counts = engine.attack_success({c: algorithm.model_of(c) for c in benign},
+                                           attack.label_map)
+            if counts is not None:
+                hits, total = (sum(v[i] for v in counts.values()) for i in (0, 1))
+                out["attack_success_rate"] = round(hits / total, 6) if total else None
+        return out
 
     def _write_splits(self, algorithm: Algorithm) -> None:
         if not algorithm.split_matrices:

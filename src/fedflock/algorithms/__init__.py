@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
-from fedflock.algorithms import cfl, fedavg, fedavg_ft, local, oracle  # noqa: F401 (register)
+from fedflock.algorithms import (  # noqa: F401 (register)
+    cfl,
+    fedavg,
+    fedavg_ft,
+    incremental,
+    local,
+    oracle,
+    robust,
+)
 from fedflock.algorithms.base import Algorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.config import AlgorithmConfig, format_validation_error

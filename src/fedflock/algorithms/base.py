@@ -58,6 +58,10 @@ class Algorithm(ABC):
     def clusters(self) -> list[list[int]]:
         """The current partition of all clients."""
 
+    def unplaced(self) -> list[int]:
+        """Clients that belong to no cluster yet (partial participation); none by default."""
+        return []
+
     def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
         """Extra tasks after the last round (e.g. fine-tuning); none by default."""
         return []

@@ -11,8 +11,18 @@ Split rules (`split_rule`):
   updates, whatever their norms), so one threshold serves every dataset and model.
 - `eps`: the paper's rule: mean-update norm < eps1 and max client-update norm > eps2, and the
   split is accepted only if gamma_max < sqrt((1 - alpha_cross_max) / 2).
-Both require a cluster of at least `min_cluster_size` clients (the paper: more than 2) that all
-replied this round, after `warmup_rounds` rounds of FedAvg.
+Both require a cluster of at least `min_cluster_size` clients (the paper: more than 2), after
+`warmup_rounds` rounds of FedAvg.
+
+Partial participation. The statistics of a round use the updates of the cluster's members that
+replied in that round, all computed at the same model; a missing client is never given a row (no
+imputed similarity, no stale update). A round is evaluated when every member replied or at least
+`min_replies` did (fewer make the bipartition of a handful of points noise); other rounds neither
+count towards `patience` nor reset it. When a cluster splits, the members absent that round wait
+with the parent model and are routed by the parameter tree the next time they are sampled: they
+train the waiting model, their update follows the most similar edge (one tree level per
+participation; the update is not averaged, it was computed on another model). Clients still
+waiting after the last round are routed by final tasks.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ class CFLParams(BaseModel):
     gamma_check: bool | None = None  # default: on for `eps` (the paper), off for `auto`
     linkage: Literal["single", "complete"] = "single"
     min_cluster_size: int = Field(3, ge=2)
+    min_replies: int = Field(5, ge=2)
     max_clusters: int | None = Field(None, ge=1)
     update: Literal["weights", "gradients"] = "weights"
 
@@ -74,9 +85,9 @@ class CFL(ClusteredAlgorithm):
     def partition(self, rnd: int, cluster: Cluster, replies: list[TrainReply],
                   diag: dict[str, Any]) -> list[list[int]] | None:
         p = self.params
-        if len(replies) < len(cluster.members) or len(cluster.members) < p.min_cluster_size:
-            cluster.history.clear()  # statistics need a full, large enough cluster
-            return None
+        enough = len(replies) == len(cluster.members) or len(replies) >= p.min_replies
+        if not enough or len(cluster.members) < p.min_cluster_size:
+            return None  # no statistic this round (patience neither advances nor resets)
         replies = sorted(replies, key=lambda r: r.client)
         updates = torch.stack([r.update[: self.update_size] for r in replies])
         gram = gram_matrix(updates)
@@ -108,6 +119,21 @@ class CFL(ClusteredAlgorithm):
                             **stats.figures()})
         self.split_matrices.append((members, similarity))
         return parts
+
+    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+        """Route a waiting client one level down the parameter tree by its update at the
+        waiting model; it joins the child if that is a current cluster, else waits there."""
+        node = self._unplaced[reply.client]
+        child, _ = self.param_tree.step(node, reply.update[: self.update_size])
+        leaf = next((c for c in self._clusters if c.id == child), None)
+        if leaf is None:
+            self._unplaced[reply.client] = child
+            self._waiting.setdefault(child, self.param_tree.nodes[child].params.clone())
+            if node not in self._unplaced.values():
+                self._waiting.pop(node, None)
+        else:
+            self.param_tree.nodes[child].members.append(reply.client)
+        return leaf, False
 
     def tree(self) -> list[dict[str, Any]]:
         return self.param_tree.describe()

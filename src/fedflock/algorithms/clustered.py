@@ -1,8 +1,14 @@
 """Shared machinery of algorithms that keep one model per cluster of clients.
 
 Per round: every sampled client trains from its cluster's model; a subclass may then re-partition
-a cluster (`partition`); each (new) cluster adds the example-weighted mean of its members'
-updates to its model.
+a cluster (`partition`); each (new) cluster adds the combination (`combine`: by default the
+example-weighted mean) of its members' updates to its model.
+
+Under partial participation a client can be *unplaced*: it belongs to no cluster yet (CFL: it was
+absent when its cluster split; incremental clustering: it was never sampled before clustering). It
+waits with a model (`waiting_model`, used to evaluate it) until it is sampled again; then the
+subclass asks it for a `placement_task` and `place`s it from the reply. Clients still unplaced
+after the last round are placed by final tasks, so the final partition covers every client.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class ClusteredAlgorithm(Algorithm):
             for i, members in enumerate(self.initial_clusters())
         ]
         self._next_id = len(self._clusters)
+        self._unplaced: dict[int, int] = {}  # client -> key of the model it waits with
+        self._waiting: dict[int, torch.Tensor] = {}  # key -> model
         self._index_members()
 
     def initial_clusters(self) -> list[list[int]]:
@@ -36,6 +44,51 @@ class ClusteredAlgorithm(Algorithm):
         """Return new member lists to split `cluster` (None keeps it). `diag` collects figures."""
         return None
 
+    # -- unplaced clients (subclasses that create them override the two hooks) --------------
+    def placement_task(self, rnd: int, client: int) -> TrainTask:
+        """What an unplaced client must do to be placed; default: train the waiting model."""
+        model = self._waiting[self._unplaced[client]]
+        return TrainTask(client, model, rnd, self.update_mode)
+
+    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+        """(cluster the client joins, or None to keep it waiting; whether its update was computed
+        on that cluster's current model and can be aggregated)."""
+        raise NotImplementedError(f"{self.name} does not place clients")
+
+    def unplaced(self) -> list[int]:
+        return sorted(self._unplaced)
+
+    def wait(self, client: int, key: int, model: torch.Tensor) -> None:
+        self._unplaced[client] = key
+        self._waiting.setdefault(key, model.clone())
+
+    def _join(self, cluster: Cluster, client: int) -> None:
+        cluster.members.append(client)
+        self._cluster_of[client] = cluster
+        key = self._unplaced.pop(client)
+        if key not in self._unplaced.values():
+            self._waiting.pop(key, None)
+
+    def _place_replies(self, replies: list[TrainReply]) -> list[TrainReply]:
+        """Place the replying unplaced clients; return the replies to aggregate this round."""
+        keep = []
+        for r in replies:
+            if r.client not in self._unplaced:
+                keep.append(r)
+                continue
+            cluster, usable = self.place(r)
+            if cluster is not None:
+                self._join(cluster, r.client)
+                if usable:
+                    keep.append(r)
+        return keep
+
+    def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+        return [self.placement_task(rnd, c) for c in clients if c in self._unplaced]
+
+    def finalize(self, replies: list[TrainReply]) -> None:
+        self._place_replies(replies)
+
     def _index_members(self) -> None:
         self._cluster_of = {c: cl for cl in self._clusters for c in cl.members}
 
@@ -45,9 +98,13 @@ class ClusteredAlgorithm(Algorithm):
         return cluster
 
     def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
-        return [TrainTask(c, self._cluster_of[c].params, rnd, self.update_mode) for c in clients]
+        return [self.placement_task(rnd, c) if c in self._unplaced
+                else TrainTask(c, self._cluster_of[c].params, rnd, self.update_mode)
+                for c in clients]
 
     def aggregate_train(self, rnd: int, replies: list[TrainReply]) -> dict[str, Any]:
+        placed_before = len(self._unplaced)
+        replies = self._place_replies(replies)
         by_cluster: dict[int, list[TrainReply]] = {}
         for r in replies:
             by_cluster.setdefault(self._cluster_of[r.client].id, []).append(r)
@@ -67,28 +124,43 @@ class ClusteredAlgorithm(Algorithm):
                     diag["mean_norm"] = round(float(mean[: self.update_size].norm()), 6)
                     diag["max_norm"] = round(top, 6)
                 continue
+            absent = set(cluster.members).difference(*map(set, parts))
+            for client in sorted(absent):  # not in this round's replies: placed later
+                self.wait(client, cluster.id, cluster.params)
             for members in parts:
                 child = self.new_cluster(members, cluster.params)
                 self._apply(child, [r for r in got if r.client in set(members)])
                 next_clusters.append(child)
         self._clusters = next_clusters
         self._index_members()
-        return {"clusters": log}
+        out: dict[str, Any] = {"clusters": log}
+        if placed_before or self._unplaced:
+            out["unplaced"] = len(self._unplaced)
+        return out
 
-    @staticmethod
-    def _apply(cluster: Cluster, replies: list[TrainReply]) -> torch.Tensor | None:
-        """Add the replies' weighted mean update to the cluster model; return that mean."""
+    def combine(self, replies: list[TrainReply]) -> torch.Tensor:
+        """The cluster's update from its members' replies (FedAvg: example-weighted mean)."""
+        return _weighted_mean([r.update for r in replies], replies)
+
+    def _apply(self, cluster: Cluster, replies: list[TrainReply]) -> torch.Tensor | None:
+        """Add the combined update of the replies to the cluster model; return it."""
         if not replies:
             return None
-        mean = _weighted_mean([r.update for r in replies], replies)
+        mean = self.combine(replies)
         cluster.params = cluster.params + mean.to(cluster.params.dtype)
         return mean
 
     def model_of(self, client: int) -> torch.Tensor:
+        if client in self._unplaced:
+            return self._waiting[self._unplaced[client]]
         return self._cluster_of[client].params
 
     def clusters(self) -> list[list[int]]:
-        return [sorted(c.members) for c in self._clusters]
+        """The clusters, then one group per waiting model of the clients not placed yet."""
+        waiting: dict[int, list[int]] = {}
+        for client, key in sorted(self._unplaced.items()):
+            waiting.setdefault(key, []).append(client)
+        return [sorted(c.members) for c in self._clusters] + list(waiting.values())
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +168,8 @@ class ClusteredAlgorithm(Algorithm):
             "next_id": self._next_id,
             "splits": self.splits,
             "split_matrices": self.split_matrices,
+            "unplaced": self._unplaced,
+            "waiting": self._waiting,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -103,6 +177,8 @@ class ClusteredAlgorithm(Algorithm):
         self._next_id = state["next_id"]
         self.splits = state["splits"]
         self.split_matrices = state["split_matrices"]
+        self._unplaced = state.get("unplaced", {})
+        self._waiting = state.get("waiting", {})
         self._index_members()
 
 

@@ -27,6 +27,8 @@ class FedAvgFineTune(ClusteredAlgorithm):
         self.personal: dict[int, torch.Tensor] = {}
 
     def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+        if self.personal:  # fine-tuned already
+            return []
         return [TrainTask(c, self.model_of(c), rnd, epochs=self.params.finetune_epochs)
                 for c in clients]
 

@@ -13,15 +13,17 @@ import torch
 
 from fedflock.client.protocol import TrainReply, TrainTask
 from fedflock.client.training import evaluate_model, gradient_step, task_seed, train_model
-from fedflock.config import ModelConfig, PrivacyConfig, TrainingConfig
+from fedflock.config import AttackConfig, ModelConfig, PrivacyConfig, TrainingConfig
 from fedflock.data.scenarios import FederatedData
 from fedflock.models import FlatSpec, build_model
 from fedflock.privacy import PermutationMask
+from fedflock.robust.malicious import check_label_map, flip_labels, malicious_clients
 
 
 class ClientRuntime:
     def __init__(self, data: FederatedData, model: ModelConfig, training: TrainingConfig,
-                 seed: int, privacy: PrivacyConfig | None = None) -> None:
+                 seed: int, privacy: PrivacyConfig | None = None,
+                 attack: AttackConfig | None = None) -> None:
         self.dtype = torch.float64 if training.dtype == "float64" else torch.float32
         self.data = data
         self.model_cfg = model
@@ -38,6 +40,13 @@ class ClientRuntime:
         self.mask = PermutationMask(self.spec, privacy.mask_seed) if privacy.masking else None
         for c in data.clients:
             c.x_train, c.x_test = c.x_train.to(self.dtype), c.x_test.to(self.dtype)
+        self.attack = attack
+        self.malicious = malicious_clients(attack, len(data.clients), seed)
+        if attack is not None and attack.poisons_data:
+            check_label_map(attack, data.num_classes)
+            for c in self.malicious:
+                client = data.clients[c]
+                client.y_train = flip_labels(client.y_train, attack.label_map)
 
     @property
     def num_clients(self) -> int:
@@ -64,28 +73,42 @@ class ClientRuntime:
 
     def train(self, task: TrainTask) -> TrainReply:
         data = self.data.clients[task.client]
-        start = self.receive(task.params).to(self.dtype)
+        scores, choice, params = None, None, task.params
+        if task.mode == "select":
+            scores = self.scores(task.client, task.params)
+            # highest accuracy, then lowest loss (lexicographic on (accuracy, -loss))
+            choice = int(max(range(len(scores)), key=lambda k: (scores[k, 0], -scores[k, 1])))
+            params = task.params[choice]
+        start = self.receive(params).to(self.dtype)
         if task.mode == "gradient":
             update, loss = gradient_step(self.model, self.spec, start, data.x_train,
                                          data.y_train, self.training)
         else:
             update, loss = train_model(self.model, self.spec, start, data.x_train, data.y_train,
                                        self.training, self.task_seed(task), task.epochs)
-        return TrainReply(task.client, self.send(update), data.num_train, loss)
+        return TrainReply(task.client, self.send(update), data.num_train, loss,
+                          payload=scores, choice=choice)
 
     def train_many(self, tasks: Iterable[TrainTask]) -> list[TrainReply]:
         return [self.train(t) for t in tasks]
 
-    def losses(self, client: int, models: torch.Tensor) -> torch.Tensor:
-        """Mean training loss of each of K models (rows) on the client's data (IFCA-style
-        cluster selection)."""
+    def scores(self, client: int, models: torch.Tensor) -> torch.Tensor:
+        """(accuracy, mean loss) of each of K models (rows) on the client's training data: how a
+        client picks the cluster model that fits it (incremental clustering, IFCA)."""
         data = self.data.clients[client]
         out = []
         for params in models:
             self.spec.load(self.eval_model, self.receive(params).to(self.dtype))
-            out.append(evaluate_model(self.eval_model, _eval_layout(data.x_train),
-                                      data.y_train)[1].mean())
+            predicted, losses = evaluate_model(self.eval_model, _eval_layout(data.x_train),
+                                               data.y_train)
+            accuracy = (predicted == data.y_train).double().mean()
+            out.append(torch.stack([accuracy, losses.double().mean()]))
         return torch.stack(out)
+
+    def losses(self, client: int, models: torch.Tensor) -> torch.Tensor:
+        """Mean training loss of each of K models (rows) on the client's data (IFCA-style
+        cluster selection)."""
+        return self.scores(client, models)[:, 1].to(self.dtype)
 
     def basis(self, client: int, rank: int) -> torch.Tensor:
         """The top `rank` left singular vectors of the client's flattened training inputs
@@ -116,7 +139,8 @@ class ClientRuntime:
             self.spec.load(self.eval_model, self.receive(tensors[key]).to(self.dtype))
             xs = torch.cat([self.data.clients[c].x_test for c in clients])
             ys = torch.cat([self.data.clients[c].y_test for c in clients])
-            correct, losses = evaluate_model(self.eval_model, _eval_layout(xs), ys)
+            predicted, losses = evaluate_model(self.eval_model, _eval_layout(xs), ys)
+            correct = predicted == ys
             offset = 0
             for c in clients:
                 n = len(self.data.clients[c].y_test)
@@ -124,6 +148,25 @@ class ClientRuntime:
                 loss = float(losses[offset : offset + n].mean()) if n else float("nan")
                 out[c] = (acc, loss)
                 offset += n
+        return out
+
+    @torch.no_grad()
+    def attack_success(self, models: dict[int, torch.Tensor], label_map: dict[int, int]
+                       ) -> dict[int, tuple[int, int]]:
+        """Per client: (test samples of a targeted class predicted as the attacker's target for
+        it, test samples of a targeted class)."""
+        out = {}
+        for client, params in models.items():
+            data = self.data.clients[client]
+            targeted = torch.isin(data.y_test, torch.tensor(list(label_map)))
+            if not targeted.any():
+                out[client] = (0, 0)
+                continue
+            self.spec.load(self.eval_model, self.receive(params).to(self.dtype))
+            x, y = data.x_test[targeted], data.y_test[targeted]
+            predicted, _ = evaluate_model(self.eval_model, _eval_layout(x), y)
+            hits = int((predicted == flip_labels(y, label_map)).sum())
+            out[client] = (hits, len(y))
         return out
 
 

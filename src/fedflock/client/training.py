@@ -84,13 +84,13 @@ def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torc
 @torch.no_grad()
 def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 256
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample (correct, loss) of `model` in eval mode."""
+    """Per-sample (predicted class, loss) of `model` in eval mode."""
     model.eval()
-    correct, losses = [], []
+    predicted, losses = [], []
     for s in range(0, len(y), chunk):
         logits = model(x[s : s + chunk])
-        correct.append(logits.argmax(1) == y[s : s + chunk])
+        predicted.append(logits.argmax(1))
         losses.append(F.cross_entropy(logits, y[s : s + chunk], reduction="none"))
-    if not correct:
-        return torch.zeros(0, dtype=torch.bool), torch.zeros(0)
-    return torch.cat(correct), torch.cat(losses)
+    if not predicted:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0)
+    return torch.cat(predicted), torch.cat(losses)

@@ -48,6 +48,15 @@ class ParameterTree:
     def leaves(self) -> list[int]:
         return [n.id for n in self.nodes.values() if not n.children]
 
+    def step(self, node_id: int, update: torch.Tensor) -> tuple[int, dict[int, float]]:
+        """The child of an inner node whose edge holds the update most similar to `update`
+        (the client's update at that node's model), and the similarity to each edge."""
+        node = self.nodes[node_id]
+        row = update.reshape(1, -1)
+        scores = {child: float(cosine_matrix(row, node.edge_updates[child]).max())
+                  for child in node.children}
+        return max(scores, key=lambda c: scores[c]), scores
+
     def route(self, update_at: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, list[dict]]:
         """Leaf id for a client whose update at a given model `update_at(params)` returns, and
         the similarity to each edge at every step (for explaining the decision)."""
@@ -55,12 +64,7 @@ class ParameterTree:
         path = []
         while node.children:
             assert node.params is not None
-            update = update_at(node.params).reshape(1, -1)
-            scores = {
-                child: float(cosine_matrix(update, node.edge_updates[child]).max())
-                for child in node.children
-            }
-            best = max(scores, key=lambda c: scores[c])
+            best, scores = self.step(node.id, update_at(node.params))
             path.append({"node": node.id, "similarity": scores, "chosen": best})
             node = self.nodes[best]
         return node.id, path

@@ -24,7 +24,8 @@ class EmbeddedEngine(Engine):
     @classmethod
     def from_config(cls, config: ExperimentConfig) -> EmbeddedEngine:
         data = build_federated_data(config.data, config.seed)
-        runtime = ClientRuntime(data, config.model, config.training, config.seed, config.privacy)
+        runtime = ClientRuntime(data, config.model, config.training, config.seed,
+                                config.privacy, config.attack)
         executor = choose_executor(runtime, config.training.executor, config.training.workers)
         return cls(runtime, executor)
 
@@ -52,6 +53,10 @@ class EmbeddedEngine(Engine):
 
     def evaluate_models(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
         return self.executor.evaluate(models)
+
+    def attack_success(self, models: dict[int, torch.Tensor], label_map: dict[int, int]
+                       ) -> dict[int, tuple[int, int]]:
+        return self.runtime.attack_success(models, label_map)
 
     def close(self) -> None:
         self.executor.close()

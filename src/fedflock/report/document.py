@@ -137,9 +137,10 @@ def splits_table(run: RunData) -> str:
                      " + ".join(map(str, sp.get("sizes") or [])),
                      *(plots.fmt_number(sp.get(k)) for k in (
                          "alpha_intra_min", "alpha_cross_max", "gap", "gamma_max", "gamma_bound",
-                         "pseudo_f", "mean_norm", "max_norm"))])
+                         "pseudo_f", "mean_norm", "max_norm", "modularity"))])
     return _table(["#", "round", "cluster → children", "sizes", "α intra min", "α cross max",
-                   "gap", "γ max", "γ bound", "pseudo-F", "‖mean Δ‖", "max ‖Δ‖"], rows)
+                   "gap", "γ max", "γ bound", "pseudo-F", "‖mean Δ‖", "max ‖Δ‖", "modularity"],
+                  rows)
 
 
 def _figures_md(figures: list[Figure], level: str = "###") -> str:

@@ -40,7 +40,7 @@ def _runtime(context: Context) -> tuple[ClientRuntime, int]:
     if key not in _runtimes:
         data = build_federated_data(config.data, config.seed)
         _runtimes[key] = ClientRuntime(data, config.model, config.training, config.seed,
-                                       config.privacy)
+                                       config.privacy, config.attack)
     return _runtimes[key], int(context.node_config["partition-id"])
 
 

@@ -12,6 +12,7 @@ from fedflock.client.protocol import TrainReply, TrainTask
 
 PARAMS = "params"
 UPDATE = "update"
+SCORES = "scores"
 
 
 def vector_record(key: str, vector: torch.Tensor) -> ArrayRecord:
@@ -41,8 +42,13 @@ def task_from_content(content: RecordDict, client: int) -> TrainTask:
 
 def reply_content(reply: TrainReply) -> RecordDict:
     metrics = {"client": reply.client, "num-examples": reply.num_examples, "loss": reply.loss}
-    return RecordDict({UPDATE: vector_record(UPDATE, reply.update),
-                       "metrics": MetricRecord(metrics)})
+    if reply.choice is not None:
+        metrics["choice"] = reply.choice
+    content = RecordDict({UPDATE: vector_record(UPDATE, reply.update),
+                          "metrics": MetricRecord(metrics)})
+    if reply.payload is not None:
+        content[SCORES] = vector_record(SCORES, reply.payload)
+    return content
 
 
 def reply_from_message(message: Message, expected_size: int, client: int) -> TrainReply:
@@ -62,5 +68,8 @@ def reply_from_message(message: Message, expected_size: int, client: int) -> Tra
     if int(metrics["client"]) != client:
         raise ValueError(f"reply claims client {metrics['client']}")
     loss = float(metrics["loss"])
+    payload = record_vector(content, SCORES) if SCORES in content.array_records else None
+    choice = int(metrics["choice"]) if "choice" in metrics else None
     return TrainReply(client, update, int(metrics["num-examples"]),
-                      loss if math.isfinite(loss) else float("nan"))
+                      loss if math.isfinite(loss) else float("nan"), payload=payload,
+                      choice=choice)

@@ -107,7 +107,7 @@ class FlowerEngine(Engine):
         return list(self.grid.send_and_receive(live, timeout=self.timeout)) if live else []
 
     def run_tasks(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
-        size = int(tasks[0].params.numel()) if tasks else 0
+        sizes = {t.client: t.model_size for t in tasks}
         messages = [Message(task_content(t), self.node_of[t.client], "train") for t in tasks]
         replies = []
         for message in self._send(messages):
@@ -117,7 +117,7 @@ class FlowerEngine(Engine):
                             else "a reply from an unknown node")
                 continue
             try:
-                replies.append(reply_from_message(message, size, client))
+                replies.append(reply_from_message(message, sizes.get(client, 0), client))
             except ValueError as err:
                 self.rejected.append({"round": rnd, "client": client, "reason": str(err)})
                 log.warning("round %d: refused the reply of client %d: %s", rnd, client, err)

@@ -1,0 +1,180 @@
+"""Federated learning with incremental clustering (FL + Louvain), for partial participation.
+
+During FedAvg the server keeps the latest update of every client it has sampled and fills a
+similarity matrix incrementally (`fedflock.similarity.IncrementalSimilarity`): no communication
+beyond FedAvg's. Once FedAvg has stabilised it finds the communities of the similarity graph with
+Louvain and runs FedAvg per community. A client never sampled before clustering is placed the
+first time it is sampled afterwards, once every cluster model has been trained in at least
+`placement_delay` rounds since clustering (before that the models barely differ, and a client
+placed on noise would pull a cluster towards its own group): it scores every cluster model on
+its own training data, trains the most accurate one and joins that cluster.
+
+Stabilised (the clustering round): at least `warmup_rounds` rounds done, the relative change of
+the global model r_t = ||w_t - w_{t-1}|| / ||w_{t-1}|| has stopped shrinking (its mean over the
+last `patience` rounds is down by less than `stable_tol` from the mean over the `patience` rounds
+before: scale-free, whatever the learning rate), and at least `min_coverage` of the clients have
+been seen; or round `cluster_round` reached, whatever the rest says. If the best partition's
+modularity is below `min_modularity` the clients are judged one community (FedAvg goes on;
+clustering is not retried).
+
+Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
+positive edge with them, so they form their own communities and poison only their own models.
+The global model of the FedAvg phase is poisoned, though; `restart: initial` starts every cluster
+from the initial model instead of it. A malicious client never seen before clustering can still
+choose the benign cluster when it is placed (it scores models on its own data): with attackers
+about, ask for `min_coverage: 1.0` so every client is seen before clustering.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedflock.algorithms.base import Cluster
+from fedflock.algorithms.clustered import ClusteredAlgorithm
+from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.clustering.communities import affinity, louvain
+from fedflock.similarity.incremental import IncrementalSimilarity
+
+MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not written to splits/
+
+
+class IncrementalParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    similarity: Literal["cosine", "euclidean", "manhattan"] = "cosine"
+    warmup_rounds: int = Field(10, ge=1)
+    stable_tol: float = Field(0.1, gt=0, lt=1)
+    patience: int = Field(3, ge=1)
+    min_coverage: float = Field(0.25, ge=0, le=1)
+    cluster_round: int | None = Field(None, ge=1)
+    resolution: float = Field(1.0, gt=0)
+    min_modularity: float = Field(0.1, ge=0)
+    backend: Literal["igraph", "networkx"] = "igraph"
+    placement_delay: int = Field(3, ge=0)
+    restart: Literal["global", "initial"] = "global"
+
+
+@ALGORITHMS.register("incremental",
+                     "FedAvg filling a similarity matrix as clients are sampled, then Louvain "
+                     "communities (partial participation, poisoning defence)")
+class Incremental(ClusteredAlgorithm):
+    name = "incremental"
+    Params = IncrementalParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store = IncrementalSimilarity(self.params.similarity)
+        self.initial = self._clusters[0].params.clone()
+        self.changes: list[float] = []
+        self.clustered_round: int | None = None
+        self._offered: dict[int, list[int]] = {}
+        self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
+
+    # -- FedAvg phase ------------------------------------------------------------------------
+    def aggregate_train(self, rnd: int, replies: list[TrainReply]) -> dict[str, Any]:
+        if self.clustered_round is not None:
+            out = super().aggregate_train(rnd, replies)
+            for diag in out["clusters"]:
+                if diag["replied"]:
+                    self.trained_rounds[diag["id"]] = self.trained_rounds.get(diag["id"], 0) + 1
+            return out
+        t0 = time.perf_counter()
+        if replies:
+            self.store.add([r.client for r in replies],
+                           torch.stack([r.update[: self.update_size] for r in replies]))
+        seconds = time.perf_counter() - t0
+        before = self._clusters[0].params[: self.update_size].clone()
+        out = super().aggregate_train(rnd, replies)
+        after = self._clusters[0].params[: self.update_size]
+        change = float((after - before).norm() / before.norm().clamp_min(1e-12))
+        self.changes.append(change)
+        norms = [float(r.update[: self.update_size].norm()) for r in replies]
+        agreement = float((after - before).norm()) / max(sum(norms) / max(len(norms), 1), 1e-12)
+        out.update(stored=len(self.store), relative_change=round(change, 6),
+                   agreement=round(agreement, 4),
+                   similarity_seconds=round(seconds, 6),
+                   similarity_mb=round(self.store.nbytes / 2**20, 3))
+        if self._stable(rnd):
+            self._cluster(rnd, out)
+        return out
+
+    def _stable(self, rnd: int) -> bool:
+        p = self.params
+        if p.cluster_round is not None and rnd >= p.cluster_round:
+            return True
+        if rnd < p.warmup_rounds or len(self.changes) < 2 * p.patience:
+            return False
+        recent = sum(self.changes[-p.patience :])
+        before = sum(self.changes[-2 * p.patience : -p.patience])
+        return (recent >= (1 - p.stable_tol) * before
+                and len(self.store) >= p.min_coverage * self.num_clients)
+
+    def _cluster(self, rnd: int, out: dict[str, Any]) -> None:
+        p = self.params
+        t0 = time.perf_counter()
+        clients, values = self.store.values()
+        weights = affinity(values.numpy(), self.store.is_similarity)
+        found = louvain(weights, p.resolution, seed=0, backend=p.backend)
+        seconds = time.perf_counter() - t0
+        self.clustered_round = rnd
+        out.update(clustering_seconds=round(seconds, 4), modularity=round(found.modularity, 4),
+                   communities=len(found.parts))
+        if found.modularity < p.min_modularity or len(found.parts) < 2:
+            self.store.release_updates()
+            return
+        parent = self._clusters[0]
+        start = parent.params if p.restart == "global" else self.initial
+        parts = [[clients[i] for i in part] for part in found.parts]
+        self._clusters = [self.new_cluster(sorted(members), start) for members in parts]
+        seen = set(clients)
+        for client in range(self.num_clients):
+            if client not in seen:
+                self.wait(client, parent.id, parent.params)
+        self._index_members()
+        self.splits.append({"round": rnd, "parent": parent.id,
+                            "children": [c.id for c in self._clusters],
+                            "sizes": [len(x) for x in parts], "members": parts,
+                            "modularity": round(found.modularity, 4),
+                            "unseen": self.num_clients - len(seen)})
+        if len(clients) <= MAX_SAVED_MATRIX:
+            self.split_matrices.append((clients, values.double().numpy()))
+        self.store.release_updates()
+
+    # -- clients never seen before clustering --------------------------------------------------
+    def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+        if not self._models_differ():  # unplaced clients sit the round out
+            clients = [c for c in clients if c not in self._unplaced]
+        return super().configure_train(rnd, clients)
+
+    def _models_differ(self) -> bool:
+        return all(self.trained_rounds.get(c.id, 0) >= self.params.placement_delay
+                   for c in self._clusters)
+
+    def placement_task(self, rnd: int, client: int) -> TrainTask:
+        self._offered[client] = [c.id for c in self._clusters]
+        models = torch.stack([c.params for c in self._clusters])
+        return TrainTask(client, models, rnd, "select")
+
+    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+        offered = self._offered.pop(reply.client, [])
+        if reply.choice is None or not 0 <= reply.choice < len(offered):
+            return None, False
+        chosen = next(c for c in self._clusters if c.id == offered[reply.choice])
+        return chosen, True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"store": self.store.state_dict(), "changes": self.changes,
+                                       "clustered_round": self.clustered_round,
+                                       "trained_rounds": self.trained_rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.store = IncrementalSimilarity.from_state(state["store"])
+        self.changes = state["changes"]
+        self.clustered_round = state["clustered_round"]
+        self.trained_rounds = state["trained_rounds"]

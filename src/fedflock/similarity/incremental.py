@@ -1,0 +1,114 @@
+"""A similarity matrix filled incrementally from the clients sampled round after round.
+
+The server keeps the most recent update of every client it has seen. When k new updates arrive
+they are compared with each other and with the n stored ones (one (k, n) matrix product: O(k n d)
+per round, never the full n x n recomputation), and the new values overwrite the old ones of
+those pairs. Clients never seen have no row. Storage grows by doubling, so memory is O(n d + n^2)
+in the clients seen so far, not in all clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fedflock.registry import Registry
+
+# A measure compares rows of `new` (k, d) with rows of `stored` (n, d); `new_sq`/`stored_sq` are
+# the squared row norms (kept by the store). Values are similarities (higher = closer) or
+# distances (lower = closer), as the registry entry says.
+Measure = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+MEASURES: Registry[tuple[Measure, bool]] = Registry("similarity measure")
+
+
+def _cosine(new, stored, new_sq, stored_sq):
+    denom = (new_sq.sqrt()[:, None] * stored_sq.sqrt()[None, :]).clamp_min(1e-30)
+    return ((new @ stored.T) / denom).clamp_(-1.0, 1.0)
+
+
+def _euclidean(new, stored, new_sq, stored_sq):
+    return (new_sq[:, None] + stored_sq[None, :] - 2 * new @ stored.T).clamp_min_(0).sqrt_()
+
+
+def _manhattan(new, stored, new_sq, stored_sq):
+    return torch.cdist(new, stored, p=1)
+
+
+MEASURES.register("cosine", "cosine similarity of updates (the default)")((_cosine, True))
+MEASURES.register("euclidean", "Euclidean distance of updates")((_euclidean, False))
+MEASURES.register("manhattan", "Manhattan (L1) distance of updates")((_manhattan, False))
+
+
+class IncrementalSimilarity:
+    def __init__(self, measure: str = "cosine") -> None:
+        self.measure_name = measure
+        self.measure, self.is_similarity = MEASURES.get(measure)
+        self.slot: dict[int, int] = {}  # client -> row
+        self.clients: list[int] = []  # row -> client
+        self.updates = torch.empty(0, 0)
+        self.sq = torch.empty(0, dtype=torch.float64)
+        self.matrix = torch.empty(0, 0)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.element_size() * t.numel() for t in (self.updates, self.sq, self.matrix))
+
+    def _grow(self, needed: int, dim: int) -> None:
+        capacity = len(self.updates)
+        if needed <= capacity:
+            return
+        size = max(needed, 2 * capacity, 16)
+        updates = torch.empty(size, dim, dtype=torch.float32)
+        sq = torch.zeros(size, dtype=torch.float64)
+        matrix = torch.full((size, size), float("nan"), dtype=torch.float32)
+        if capacity:
+            updates[:capacity] = self.updates
+            sq[:capacity] = self.sq
+            matrix[:capacity, :capacity] = self.matrix
+        self.updates, self.sq, self.matrix = updates, sq, matrix
+
+    def add(self, clients: list[int], updates: torch.Tensor) -> None:
+        """Store the newest updates (k, d) of `clients` and their values against everyone."""
+        updates = updates.float()
+        for c in clients:
+            if c not in self.slot:
+                self.slot[c] = len(self.clients)
+                self.clients.append(c)
+        self._grow(len(self.clients), updates.shape[1])
+        rows = torch.tensor([self.slot[c] for c in clients])
+        self.updates[rows] = updates
+        self.sq[rows] = updates.double().pow(2).sum(1)
+        n = len(self.clients)
+        values = self.measure(updates, self.updates[:n], self.sq[rows].float(),
+                              self.sq[:n].float())
+        self.matrix[rows, :n] = values
+        self.matrix[:n, rows] = values.T
+        self.matrix[rows, rows] = 1.0 if self.is_similarity else 0.0
+
+    def values(self) -> tuple[list[int], torch.Tensor]:
+        """(clients seen, in row order; their matrix of values)."""
+        n = len(self.clients)
+        return list(self.clients), self.matrix[:n, :n].clone()
+
+    def release_updates(self) -> None:
+        """Drop the stored updates (the matrix stays): clustering is done with them."""
+        self.updates = torch.empty(0, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        n = len(self.clients)
+        return {"measure": self.measure_name, "clients": list(self.clients),
+                "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
+                "matrix": self.matrix[:n, :n].clone()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:
+        store = cls(state["measure"])
+        store.clients = list(state["clients"])
+        store.slot = {c: i for i, c in enumerate(store.clients)}
+        store.updates, store.sq, store.matrix = state["updates"], state["sq"], state["matrix"]
+        return store
