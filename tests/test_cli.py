@@ -38,6 +38,16 @@ BAD_CONFIGS = {
     "participation above 1": ({"participation": {"fraction": 1.5}}, "participation.fraction"),
     "unknown executor": ({"training": {"executor": "gpu-cluster"}}, "training.executor"),
     "momentum of 1": ({"training": {"momentum": 1.0}}, "training.momentum"),
+    "unknown attack": ({"attack": {"kind": "meteor", "fraction": 0.2}}, "attack.kind"),
+    "attack fraction 1": ({"attack": {"kind": "zero", "fraction": 1.0}}, "attack.fraction"),
+    "label map outside classes": (
+        {"attack": {"kind": "label_flip", "fraction": 0.2, "label_map": {0: 12}}},
+        "attack.label_map"),
+    "participation count 0": ({"participation": {"count": 0}}, "participation.count"),
+    "unknown similarity": ({"algorithm": {"name": "incremental", "similarity": "jaccard"}},
+                           "algorithm.similarity"),
+    "trimmed mean beta 0.5": ({"algorithm": {"name": "trimmed_mean", "beta": 0.5}},
+                              "algorithm.beta"),
 }
 
 

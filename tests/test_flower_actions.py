@@ -70,6 +70,19 @@ def test_train_and_evaluate_messages_match_the_runtime(tmp_path: Path) -> None:
     assert metrics["accuracy"] == runtime.evaluate({1: start})[1][0]
 
 
+def test_select_task_round_trips_scores_and_choice(tmp_path: Path) -> None:
+    """A select task (K models) through the ClientApp equals the runtime's own answer."""
+    context, runtime = _setup(tmp_path)
+    start = runtime.initial_params()
+    trained = start + runtime.train(TrainTask(1, start, round=1, epochs=3)).update
+    task = TrainTask(1, torch.stack([start, trained]), round=2, mode="select")
+    reply = reply_from_message(_send(task_content(task), "train", context), start.numel(), 1)
+    local = runtime.train(task)
+    assert reply.choice == local.choice == 1  # the trained model fits the client's data better
+    assert torch.equal(reply.payload, local.payload) and reply.payload.shape == (2, 2)
+    assert torch.equal(reply.update, local.update)
+
+
 def test_query_reports_partition_group_and_initial_model(tmp_path: Path) -> None:
     context, runtime = _setup(tmp_path)
     ask = RecordDict({"ask": ConfigRecord({"initial-params": 1})})

@@ -67,7 +67,7 @@ class Incremental(ClusteredAlgorithm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.store = IncrementalSimilarity(self.params.similarity)
+        self.store = IncrementalSimilarity(self.params.similarity, self.num_clients)
         self.initial = self._clusters[0].params.clone()
         self.changes: list[float] = []
         self.clustered_round: int | None = None

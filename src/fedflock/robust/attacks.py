@@ -43,7 +43,10 @@ def _random(updates, attack, gen, replies):
     rows = 1 if attack.colluding else len(updates)
     noise = torch.randn(rows, updates.shape[1], generator=gen, dtype=torch.float64)
     noise = noise.to(updates.dtype).expand_as(updates)
-    norms = updates.norm(dim=1, keepdim=True) / noise.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    target = updates.norm(dim=1, keepdim=True)
+    if attack.colluding:
+        target = target.mean().expand_as(target)
+    norms = target / noise.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return (attack.scale or 1.0) * noise * norms
 
 

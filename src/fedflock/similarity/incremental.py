@@ -42,7 +42,8 @@ MEASURES.register("manhattan", "Manhattan (L1) distance of updates")((_manhattan
 
 
 class IncrementalSimilarity:
-    def __init__(self, measure: str = "cosine") -> None:
+    def __init__(self, measure: str = "cosine", max_clients: int | None = None) -> None:
+        self.max_clients = max_clients  # the storage never grows past this many rows
         self.measure_name = measure
         self.measure, self.is_similarity = MEASURES.get(measure)
         self.slot: dict[int, int] = {}  # client -> row
@@ -63,6 +64,8 @@ class IncrementalSimilarity:
         if needed <= capacity:
             return
         size = max(needed, 2 * capacity, 16)
+        if self.max_clients is not None:
+            size = max(needed, min(size, self.max_clients))
         updates = torch.empty(size, dim, dtype=torch.float32)
         sq = torch.zeros(size, dtype=torch.float64)
         matrix = torch.full((size, size), float("nan"), dtype=torch.float32)
@@ -101,13 +104,14 @@ class IncrementalSimilarity:
 
     def state_dict(self) -> dict[str, Any]:
         n = len(self.clients)
-        return {"measure": self.measure_name, "clients": list(self.clients),
+        return {"measure": self.measure_name, "max_clients": self.max_clients,
+                "clients": list(self.clients),
                 "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
                 "matrix": self.matrix[:n, :n].clone()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:
-        store = cls(state["measure"])
+        store = cls(state["measure"], state.get("max_clients"))
         store.clients = list(state["clients"])
         store.slot = {c: i for i, c in enumerate(store.clients)}
         store.updates, store.sq, store.matrix = state["updates"], state["sq"], state["matrix"]

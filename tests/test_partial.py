@@ -1,0 +1,222 @@
+"""Partial participation: the incremental similarity store, Louvain communities, the incremental
+algorithm, CFL with absent clients, and clustering as a defence against model poisoning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedflock.algorithms import ALGORITHMS
+from fedflock.client.protocol import TrainReply
+from fedflock.clustering.communities import affinity, louvain, modularity
+from fedflock.config import validate
+from fedflock.experiment import run_experiment, without_timings
+from fedflock.similarity.incremental import IncrementalSimilarity
+from tests.conftest import small_config
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+def _direct(measure: str, a: torch.Tensor) -> torch.Tensor:
+    a = a.double()
+    if measure == "cosine":
+        unit = a / a.norm(dim=1, keepdim=True)
+        return unit @ unit.T
+    return torch.cdist(a, a, p=2 if measure == "euclidean" else 1)
+
+
+rounds = st.lists(st.sets(st.integers(0, 11), min_size=1, max_size=5), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds, st.sampled_from(["cosine", "euclidean", "manhattan"]), st.integers(0, 2**31))
+def test_store_equals_the_full_matrix_of_latest_updates(batches: list[set[int]], measure: str,
+                                                        seed: int) -> None:
+    """Filled incrementally, every known pair holds the value of the two clients' latest
+    updates; never-sampled clients have no row."""
+    gen = torch.Generator().manual_seed(seed)
+    store = IncrementalSimilarity(measure)
+    latest: dict[int, torch.Tensor] = {}
+    for batch in batches:
+        clients = sorted(batch)
+        updates = torch.randn(len(clients), 7, generator=gen) + 0.1
+        store.add(clients, updates)
+        latest.update({c: u for c, u in zip(clients, updates, strict=True)})
+    seen, values = store.values()
+    assert sorted(seen) == sorted(latest)
+    expected = _direct(measure, torch.stack([latest[c] for c in seen]))
+    assert torch.allclose(values.double(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_store_work_per_round_is_new_times_stored() -> None:
+    """A round compares the k new updates with the n stored ones only: an (k, n) block."""
+    calls = []
+    store = IncrementalSimilarity("cosine")
+    original = store.measure
+    store.measure = lambda new, old, a, b: calls.append((len(new), len(old))) or original(
+        new, old, a, b)
+    store.add(list(range(50)), torch.randn(50, 4))
+    store.add([3, 60], torch.randn(2, 4))
+    assert calls == [(50, 50), (2, 51)]
+    assert len(store) == 51 and store.state_dict()["matrix"].shape == (51, 51)
+
+
+# -- communities -------------------------------------------------------------------------------
+
+
+def _blocks(sizes: list[int], inside: float, across: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    sim = np.where(labels[:, None] == labels[None, :], inside, across)
+    sim = sim + rng.normal(0, 0.05, sim.shape)
+    return (sim + sim.T) / 2, labels
+
+
+@pytest.mark.parametrize("backend", ["igraph", "networkx"])
+def test_louvain_finds_blocks_and_reports_modularity(backend: str) -> None:
+    sim, labels = _blocks([10, 7, 5], inside=0.6, across=-0.2)
+    found = louvain(affinity(sim, True), backend=backend)
+    assert sorted(map(sorted, found.parts)) == sorted(
+        np.flatnonzero(labels == g).tolist() for g in range(3))
+    weights = affinity(sim, True)
+    graph = nx.from_numpy_array(weights)
+    assert found.modularity == pytest.approx(
+        nx.community.modularity(graph, [set(p) for p in found.parts], weight="weight"))
+    assert found.modularity == pytest.approx(modularity(weights, found.parts))
+
+
+def test_affinity_of_distances_is_scale_free_and_unknown_pairs_have_no_edge() -> None:
+    d = np.array([[0, 1, 4], [1, 0, np.nan], [4, np.nan, 0]], dtype=float)
+    w = affinity(d, is_similarity=False)
+    assert np.allclose(w, affinity(10 * d, is_similarity=False))
+    assert w[1, 2] == 0 and w[0, 1] > w[0, 2] > 0 and (np.diag(w) == 0).all()
+
+
+# -- algorithms under partial participation ---------------------------------------------------
+
+PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 40,
+           "data.samples_per_client": 60, "participation.fraction": 0.25,
+           "training.local_epochs": 2, "model.hidden": [64], "checkpoint_every": 10}
+
+
+def _run(tmp_path: Path, name: str, **extra: object) -> dict:
+    raw = small_config(**{**PARTIAL, **extra})
+    return run_experiment(validate(raw), tmp_path / name, quiet=True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_incremental_finds_the_groups_with_fedavg_communication(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "inc", algorithm={"name": "incremental"})
+    fedavg = _run(tmp_path, "avg", algorithm={"name": "fedavg"})
+    assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
+    assert summary["accuracy"]["mean"] > fedavg["accuracy"]["mean"] + 0.3
+    assert sorted(c for part in summary["clusters"] for c in part) == list(range(40))
+    # every client seen before clustering: not one float more than FedAvg, either way
+    seen_all = _run(tmp_path, "inc-all", algorithm={"name": "incremental", "min_coverage": 1.0})
+    assert seen_all["ari"] == 1.0
+    assert seen_all["communication"] == fedavg["communication"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_incremental_keeps_iid_clients_together(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "iid", algorithm={"name": "incremental"},
+                   **{"data.scenario.kind": "iid", "data.scenario.groups": 1})
+    assert summary["num_clusters"] == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_incremental_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    whole = _run(tmp_path, "whole", algorithm={"name": "incremental"})
+    cut = validate(small_config(**{**PARTIAL, "rounds": 12, "algorithm": {"name": "incremental"}}))
+    run_experiment(cut, tmp_path / "cut", quiet=True)  # stops right after clustering
+    (tmp_path / "cut" / "config.yaml").write_text(
+        (tmp_path / "whole" / "config.yaml").read_text())
+    resumed = run_experiment(validate(small_config(**{**PARTIAL,
+                                                      "algorithm": {"name": "incremental"}})),
+                             tmp_path / "cut", resume=True, quiet=True)
+    assert without_timings(resumed) == without_timings(whole)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cfl_splits_under_partial_participation_and_places_everyone(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "cfl", algorithm={"name": "cfl"})
+    assert summary["ari"] == 1.0
+    assert sorted(c for part in summary["clusters"] for c in part) == list(range(40))
+    # the first split used only the members that replied in that round
+    first = summary["splits"][0]
+    assert sum(first["sizes"]) < 40
+
+
+def _reply(client: int, direction: torch.Tensor) -> TrainReply:
+    return TrainReply(client, direction.clone(), 10, 0.1)
+
+
+def test_cfl_never_gives_absent_clients_a_row_and_routes_them_by_the_tree() -> None:
+    cls = ALGORITHMS.get("cfl")
+    params = cls.Params(warmup_rounds=0, patience=1, min_replies=4)
+    cfl = cls(params, num_clients=8, initial=torch.zeros(4), update_size=4)
+    a, b = torch.tensor([1.0, 0, 0, 0]), torch.tensor([0, 1.0, 0, 0])
+    gen = torch.Generator().manual_seed(0)
+    noisy = [(v + 0.01 * torch.randn(4, generator=gen)) for v in (a, a, a, b, b, b)]
+    replies = [_reply(c, u) for c, u in zip([0, 1, 2, 4, 5, 6], noisy, strict=True)]
+    cfl.aggregate_train(1, replies)  # clients 3 and 7 absent
+    assert len(cfl.splits) == 1
+    assert sorted(map(sorted, cfl.splits[0]["members"])) == [[0, 1, 2], [4, 5, 6]]
+    assert cfl.unplaced() == [3, 7]
+    # absent clients wait with the model the cluster had when it split
+    assert torch.equal(cfl.model_of(3), torch.zeros(4))
+    tasks = cfl.configure_train(2, [3, 7])
+    assert all(torch.equal(t.params, torch.zeros(4)) for t in tasks)
+    cfl.aggregate_train(2, [_reply(3, b), _reply(7, a)])
+    assert cfl.unplaced() == []
+    clusters = sorted(map(sorted, cfl.clusters()))
+    assert clusters == [[0, 1, 2, 7], [3, 4, 5, 6]]
+
+
+def test_cfl_skips_rounds_with_too_few_replies_without_resetting_patience() -> None:
+    cls = ALGORITHMS.get("cfl")
+    cfl = cls(cls.Params(warmup_rounds=0, patience=2, min_replies=4), num_clients=10,
+              initial=torch.zeros(3), update_size=3)
+    a, b = torch.tensor([1.0, 0, 0]), torch.tensor([0, 1.0, 0])
+    four = [_reply(0, a), _reply(1, a), _reply(5, b), _reply(6, b)]
+    cfl.aggregate_train(1, four)
+    cfl.aggregate_train(2, four[:3])  # too few: no statistic, patience kept
+    assert len(cfl._clusters[0].history) == 1 and not cfl.splits
+    cfl.aggregate_train(3, four)
+    assert len(cfl.splits) == 1
+
+
+# -- clustering as a defence -------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_incremental_isolates_a_colluding_majority(tmp_path: Path) -> None:
+    iid = {"data.scenario.kind": "iid", "data.scenario.groups": 1,
+           "attack": {"kind": "sign_flip", "fraction": 0.6, "colluding": True}}
+    defended = _run(tmp_path, "inc", algorithm={"name": "incremental", "min_coverage": 1.0,
+                                                "restart": "initial"}, **iid)
+    median = _run(tmp_path, "median", algorithm={"name": "median"}, **iid)
+    attack = defended["attack"]
+    assert len(attack["malicious"]) == 24
+    benign = attack["benign_cluster"]
+    assert benign["malicious"] == 0 and benign["size"] == 16
+    assert attack["benign_accuracy"] > 0.75
+    assert median["attack"]["benign_accuracy"] < 0.3
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_label_flipping_reports_its_success_rate(tmp_path: Path) -> None:
+    flip = {"data.scenario.kind": "iid", "data.scenario.groups": 1, "rounds": 15,
+            "participation.fraction": 1.0, "attack": {"kind": "label_flip", "fraction": 0.7}}
+    attacked = _run(tmp_path, "flip", algorithm={"name": "fedavg"}, **flip)
+    asr = attacked["attack"]["attack_success_rate"]
+    assert asr > 0.5  # a 70% majority teaches the shared model its labels
+    clean = _run(tmp_path, "clean", algorithm={"name": "fedavg"},
+                 **{**flip, "attack": {"kind": "label_flip", "fraction": 0.05}})
+    assert clean["attack"]["attack_success_rate"] < 0.2
