@@ -123,5 +123,6 @@ def test_compare_prints_a_table_and_writes_results(tmp_path: Path) -> None:
 def test_list_names_every_registered_component() -> None:
     result = fedflock("list")
     assert result.returncode == 0
-    for name in ("mnist5k", "label_permutation", "cnn_bn", "cfl", "fedavg_ft", "processes"):
+    for name in ("mnist5k", "label_permutation", "cnn_bn", "cfl", "fedavg_ft", "processes",
+                 "incremental", "multi_krum", "sign_flip", "label_flip", "manhattan"):
         assert name in result.stdout

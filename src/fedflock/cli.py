@@ -118,17 +118,22 @@ def assign(run_dir: Path,
 
 @app.command("list")
 def list_components() -> None:
-    """Datasets, scenarios, models, algorithms and executors, one line each."""
+    """Datasets, scenarios, models, algorithms, attacks, similarity measures and executors."""
     from fedflock.algorithms import ALGORITHMS
     from fedflock.client.executors import EXECUTORS
     from fedflock.data import DATASETS, SCENARIO_DOCS
     from fedflock.models import MODELS
+    from fedflock.robust import POISONINGS
+    from fedflock.similarity.incremental import MEASURES
 
     sections = {
         "datasets": DATASETS.describe(),
         "scenarios": SCENARIO_DOCS,
         "models": MODELS.describe(),
         "algorithms": ALGORITHMS.describe(),
+        "attacks (attack.kind)": POISONINGS.describe()
+        | {"label_flip": "trains on labels mapped by attack.label_map (0-3 <-> 4-7)"},
+        "similarity measures (incremental)": MEASURES.describe(),
         "executors": EXECUTORS.describe() | {"auto": "fastest for this device (default)"},
     }
     for title, items in sections.items():

@@ -329,7 +329,9 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
         if "parent" in split:
             children = ", ".join(map(str, split.get("children") or []))
             lines[0] += f": cluster {split['parent']} → {children}"
-        detail = (rf"$\alpha_{{intra}}^{{min}}$ = {fmt_number(split.get('alpha_intra_min'))},  "
+        detail = (f"Louvain modularity = {fmt_number(split['modularity'])}"
+                  if "modularity" in split else
+                  rf"$\alpha_{{intra}}^{{min}}$ = {fmt_number(split.get('alpha_intra_min'))},  "
                   rf"$\alpha_{{cross}}^{{max}}$ = {fmt_number(split.get('alpha_cross_max'))}")
         if groups is not None and len(sizes) > 1:
             # A split is right when no true group is cut in two (a first split of 4 groups
