@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -33,7 +34,7 @@ def _apply(raw: dict, settings: dict) -> dict:
         node = raw
         *path, last = key.split(".")
         for part in path:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[last] = value
     return raw
 
@@ -115,17 +116,29 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
     assert per_client[0] > 0.3
 
 
-def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path) -> None:
+# 8 clients, 4 sampled per round; clustering at round 2 with 7 seen; the unseen one is placed by
+# a select task (K models down) in round 6; clients 0 and 5 send sign-flipped updates.
+PARTIAL = {"rounds": 6, "eval_every": 6, "data.clients": 8, "data.samples_per_client": 80,
+           "algorithm.name": "incremental", "algorithm.warmup_rounds": 2,
+           "algorithm.patience": 1, "algorithm.cluster_round": 2, "algorithm.min_coverage": 0.0,
+           "algorithm.placement_delay": 1, "participation.count": 4,
+           "attack.kind": "sign_flip", "attack.fraction": 0.25}
+
+
+@pytest.mark.parametrize("settings", [FAST, PARTIAL], ids=["cfl", "incremental-partial-attack"])
+def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
+                                                               settings: dict) -> None:
     """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
-    runtime (Ray): same clusters, same accuracy as the embedded engine."""
+    runtime (Ray): same clusters, same accuracy as the embedded engine; also with 2 of 4
+    clients sampled per round, select tasks placing unseen clients, and a malicious client."""
     import subprocess
     import sys
 
-    raw = _apply(yaml.safe_load(DEMO.read_text()), FAST)
+    raw = _apply(yaml.safe_load(DEMO.read_text()), settings)
     embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
                               quiet=True)
     out = tmp_path / "simulated"
-    sets = [arg for k, v in FAST.items() for arg in ("--set", f"{k}={v}")]
+    sets = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
     done = subprocess.run([sys.executable, "-m", "fedflock", "run", str(DEMO), *sets,
                            "--out", str(out), "-q"], capture_output=True, text=True,
                           timeout=600)
@@ -134,3 +147,8 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path) -
     assert summary["engine"] == "flower"
     assert summary["clusters"] == embedded["clusters"]
     assert abs(summary["accuracy"]["mean"] - embedded["accuracy"]["mean"]) <= 0.02
+    assert summary["communication"] == embedded["communication"]
+    assert summary.get("attack") == embedded.get("attack")
+    if settings is PARTIAL:  # the scenario really clustered and placed a client by selection
+        assert summary["splits"] and summary["splits"][0]["unseen"] == 1
+        assert summary["communication"]["down_floats"] > summary["communication"]["up_floats"]
