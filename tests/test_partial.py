@@ -89,6 +89,14 @@ def test_louvain_finds_blocks_and_reports_modularity(backend: str) -> None:
     assert found.modularity == pytest.approx(
         nx.community.modularity(graph, [set(p) for p in found.parts], weight="weight"))
     assert found.modularity == pytest.approx(modularity(weights, found.parts))
+    assert found.cross_ratio < 0.05  # the blocks share (almost) no weight
+
+
+def test_a_uniform_cloud_is_cut_by_louvain_but_flagged_by_the_cross_ratio() -> None:
+    sim, _ = _blocks([40], inside=0.04, across=0.04, seed=4)  # like converged IID updates
+    found = louvain(affinity(sim, True))
+    assert len(found.parts) > 1  # Louvain always finds something
+    assert found.cross_ratio > 0.5
 
 
 def test_affinity_of_distances_is_scale_free_and_unknown_pairs_have_no_edge() -> None:
