@@ -43,6 +43,7 @@ BAD_CONFIGS = {
     "label map outside classes": (
         {"attack": {"kind": "label_flip", "fraction": 0.2, "label_map": {0: 12}}},
         "attack.label_map"),
+    "no benign client left": ({"attack": {"kind": "zero", "fraction": 0.99}}, "attack.fraction"),
     "participation count 0": ({"participation": {"count": 0}}, "participation.count"),
     "unknown similarity": ({"algorithm": {"name": "incremental", "similarity": "jaccard"}},
                            "algorithm.similarity"),

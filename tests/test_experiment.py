@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fedflock.config import ParticipationConfig, validate
@@ -104,3 +105,30 @@ def test_participation_sampling_is_seeded_and_sized() -> None:
     assert len(sample_clients(1000, ParticipationConfig(count=7), 0, 1)) == 7
     # a tiny fraction still samples one client per round
     assert len(sample_clients(100, ParticipationConfig(fraction=0.001), 0, 1)) == 1
+
+
+def test_final_tasks_stop_when_nobody_answers() -> None:
+    """Fine-tuning (or placing) clients that never reply is asked once, not in a loop."""
+    from fedflock.algorithms import ALGORITHMS
+    from fedflock.engines.base import Engine
+
+    class Silent(Engine):
+        name = "silent"
+        num_clients, update_size, true_groups, executor_name = 3, 2, None, "none"
+        calls = 0
+
+        def initial_params(self):
+            return torch.zeros(2)
+
+        def run_tasks(self, rnd, tasks):
+            Silent.calls += 1
+            return []
+
+        def evaluate_models(self, models):
+            return {}
+
+    cls = ALGORITHMS.get("fedavg_ft")
+    algorithm = cls(cls.Params(), 3, torch.zeros(2), 2)
+    engine = Silent()
+    assert engine.finish(algorithm, 5, [0, 1, 2]) is True
+    assert Silent.calls == 1 and engine.missing == {0: [5], 1: [5], 2: [5]}

@@ -99,6 +99,11 @@ def test_a_uniform_cloud_is_cut_by_louvain_but_flagged_by_the_cross_ratio() -> N
     assert found.cross_ratio > 0.5
 
 
+def test_a_graph_without_edges_is_one_community() -> None:
+    found = louvain(affinity(-np.ones((4, 4)), True))
+    assert found.parts == [[0, 1, 2, 3]] and found.cross_ratio == 1.0
+
+
 def test_affinity_of_distances_is_scale_free_and_unknown_pairs_have_no_edge() -> None:
     d = np.array([[0, 1, 4], [1, 0, np.nan], [4, np.nan, 0]], dtype=float)
     w = affinity(d, is_similarity=False)
@@ -177,6 +182,7 @@ def test_cfl_never_gives_absent_clients_a_row_and_routes_them_by_the_tree() -> N
     assert len(cfl.splits) == 1
     assert sorted(map(sorted, cfl.splits[0]["members"])) == [[0, 1, 2], [4, 5, 6]]
     assert cfl.unplaced() == [3, 7]
+    assert cfl.num_clusters() == 2 and len(cfl.clusters()) == 3  # the waiting form no cluster
     # absent clients wait with the model the cluster had when it split
     assert torch.equal(cfl.model_of(3), torch.zeros(4))
     tasks = cfl.configure_train(2, [3, 7])

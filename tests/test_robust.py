@@ -117,3 +117,11 @@ def test_adversary_waits_for_its_start_round_and_ignores_data_attacks() -> None:
     assert torch.equal(late(5, _replies(updates))[0].update, torch.zeros(4))
     data_only = Adversary(AttackConfig(kind="label_flip", fraction=0.3), [0], seed=0)
     assert torch.equal(data_only(9, _replies(updates))[0].update, updates[0])
+
+
+def test_adversary_leaves_batchnorm_buffers_honest() -> None:
+    updates = torch.ones(2, 6)  # 4 trainable entries, then 2 buffer entries
+    adversary = Adversary(AttackConfig(kind="sign_flip", fraction=0.5), [1], seed=0,
+                          update_size=4)
+    out = adversary(1, _replies(updates))
+    assert out[1].update.tolist() == [-1, -1, -1, -1, 1, 1]

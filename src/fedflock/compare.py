@@ -59,7 +59,7 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "up_floats": stat([s["communication"]["up_floats"] / 1e6 for s in summaries]),
     }
     attacks = [s.get("attack") for s in summaries]
-    if all(attacks):
+    if all(a and a["benign_accuracy"] is not None for a in attacks):
         row["benign"] = stat([a["benign_accuracy"] for a in attacks])
         if all(a.get("attack_success_rate") is not None for a in attacks):
             row["asr"] = stat([a["attack_success_rate"] for a in attacks])

@@ -128,8 +128,9 @@ class AttackConfig(_Strict):
     update, times `scale`), `zero`, `random` (Gaussian noise of `scale` times the honest norm),
     `model_replacement` (trains on flipped labels and boosts its update by `scale`, by default
     sampled clients / malicious sampled clients, so that it replaces the aggregate).
-    Data poisoning: `label_flip` trains on labels mapped by `label_map` (default 0-3 <-> 4-7).
-    `colluding` attackers send one common vector per round (their mean, or one shared noise draw).
+    Data poisoning: `label_flip` trains on labels mapped by `label_map` (default 0-3 <-> 4-7)
+    from the first round. `colluding` attackers send one common vector per round (their mean, or
+    one shared noise draw). Model poisoning starts at `start_round`.
     """
 
     kind: Literal["sign_flip", "zero", "random", "model_replacement", "label_flip"]

@@ -117,7 +117,7 @@ class Run:
         engine = engine or EmbeddedEngine.from_config(cfg)
         malicious = malicious_clients(cfg.attack, engine.num_clients, cfg.seed)
         if cfg.attack is not None and cfg.attack.poisons_model:
-            engine.adversary = Adversary(cfg.attack, malicious, cfg.seed)
+            engine.adversary = Adversary(cfg.attack, malicious, cfg.seed, engine.update_size)
         try:
             algorithm = build_algorithm(cfg, engine)
             self._prepare_dir(resume)
@@ -146,7 +146,7 @@ class Run:
                         if progress:
                             progress.update(task, advance=1, description=(
                                 f"{cfg.algorithm.name} acc={record.get('accuracy_mean', 0):.3f} "
-                                f"k={len(algorithm.clusters())}"))
+                                f"k={algorithm.num_clusters()}"))
             finished = engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
             if finished or not evaluation:  # the last round's evaluation is still current
                 evaluation = engine.evaluate(algorithm)
@@ -194,7 +194,8 @@ class Run:
                 placed = [c for c in range(engine.num_clients) if c not in waiting]
                 record["ari_placed"] = round(float(adjusted_rand_score(
                     engine.true_groups[placed], assignment[placed])), 6) if placed else None
-        record.update(diagnostics, num_clusters=len(clusters), assignment=assignment.tolist(),
+        record.update(diagnostics, num_clusters=algorithm.num_clusters(),
+                      assignment=assignment.tolist(),
                       timing={k: round(v, 5) for k, v in timing.items()})
         return record, evaluation
 
@@ -222,7 +223,7 @@ class Run:
             "num_clients": engine.num_clients,
             "engine": engine.name,
             "clusters": clusters,
-            "num_clusters": len(clusters),
+            "num_clusters": algorithm.num_clusters(),
             "true_groups": None if groups is None else groups.tolist(),
             "ari": None if groups is None
             else round(float(adjusted_rand_score(groups, labels)), 6),

@@ -58,6 +58,10 @@ class Algorithm(ABC):
     def clusters(self) -> list[list[int]]:
         """The current partition of all clients."""
 
+    def num_clusters(self) -> int:
+        """Clusters with a model of their own (clients waiting to be placed form none)."""
+        return len(self.clusters())
+
     def unplaced(self) -> list[int]:
         """Clients that belong to no cluster yet (partial participation); none by default."""
         return []

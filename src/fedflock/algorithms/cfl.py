@@ -125,14 +125,10 @@ class CFL(ClusteredAlgorithm):
         waiting model; it joins the child if that is a current cluster, else waits there."""
         node = self._unplaced[reply.client]
         child, _ = self.param_tree.step(node, reply.update[: self.update_size])
+        self.param_tree.nodes[child].members.append(reply.client)
         leaf = next((c for c in self._clusters if c.id == child), None)
-        if leaf is None:
-            self._unplaced[reply.client] = child
-            self._waiting.setdefault(child, self.param_tree.nodes[child].params.clone())
-            if node not in self._unplaced.values():
-                self._waiting.pop(node, None)
-        else:
-            self.param_tree.nodes[child].members.append(reply.client)
+        if leaf is None:  # the child has split since: wait at it, with the model it split from
+            self.wait(reply.client, child, self.param_tree.nodes[child].params)
         return leaf, False
 
     def tree(self) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ after the last round are placed by final tasks, so the final partition covers ev
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ class ClusteredAlgorithm(Algorithm):
         self._next_id = len(self._clusters)
         self._unplaced: dict[int, int] = {}  # client -> key of the model it waits with
         self._waiting: dict[int, torch.Tensor] = {}  # key -> model
+        self._waiting_count: Counter[int] = Counter()  # key -> clients waiting with it
         self._index_members()
 
     def initial_clusters(self) -> list[list[int]]:
@@ -58,16 +60,29 @@ class ClusteredAlgorithm(Algorithm):
     def unplaced(self) -> list[int]:
         return sorted(self._unplaced)
 
+    def num_clusters(self) -> int:
+        return len(self._clusters)
+
     def wait(self, client: int, key: int, model: torch.Tensor) -> None:
+        """Let `client` wait (or wait further) with the model kept under `key`."""
+        previous = self._unplaced.get(client)
         self._unplaced[client] = key
-        self._waiting.setdefault(key, model.clone())
+        if key not in self._waiting:
+            self._waiting[key] = model.clone()
+        self._waiting_count[key] += 1
+        if previous is not None:
+            self._release(previous)
+
+    def _release(self, key: int) -> None:
+        self._waiting_count[key] -= 1
+        if not self._waiting_count[key]:  # the last client waiting with this model left
+            del self._waiting_count[key]
+            self._waiting.pop(key, None)
 
     def _join(self, cluster: Cluster, client: int) -> None:
         cluster.members.append(client)
         self._cluster_of[client] = cluster
-        key = self._unplaced.pop(client)
-        if key not in self._unplaced.values():
-            self._waiting.pop(key, None)
+        self._release(self._unplaced.pop(client))
 
     def _place_replies(self, replies: list[TrainReply]) -> list[TrainReply]:
         """Place the replying unplaced clients; return the replies to aggregate this round."""
@@ -179,6 +194,7 @@ class ClusteredAlgorithm(Algorithm):
         self.split_matrices = state["split_matrices"]
         self._unplaced = state.get("unplaced", {})
         self._waiting = state.get("waiting", {})
+        self._waiting_count = Counter(self._unplaced.values())
         self._index_members()
 
 

@@ -25,22 +25,25 @@ class FedAvgFineTune(ClusteredAlgorithm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.personal: dict[int, torch.Tensor] = {}
+        self.finetuned = False
 
     def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
-        if self.personal:  # fine-tuned already
+        if self.finetuned:
             return []
         return [TrainTask(c, self.model_of(c), rnd, epochs=self.params.finetune_epochs)
                 for c in clients]
 
     def finalize(self, replies: list[TrainReply]) -> None:
         self.personal = {r.client: self.model_of(r.client) + r.update for r in replies}
+        self.finetuned = True
 
     def model_of(self, client: int) -> torch.Tensor:
         return self.personal.get(client, super().model_of(client))
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"personal": self.personal}
+        return super().state_dict() | {"personal": self.personal, "finetuned": self.finetuned}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.personal = state.get("personal", {})
+        self.finetuned = state.get("finetuned", bool(self.personal))

@@ -6,8 +6,9 @@ beyond FedAvg's. Once FedAvg has stabilised it finds the communities of the simi
 Louvain and runs FedAvg per community. A client never sampled before clustering is placed the
 first time it is sampled afterwards, once every cluster model has been trained in at least
 `placement_delay` rounds since clustering (before that the models barely differ, and a client
-placed on noise would pull a cluster towards its own group): it scores every cluster model on
-its own training data, trains the most accurate one and joins that cluster.
+placed on noise would pull a cluster towards its own group; `max_placement_wait` rounds after
+clustering it is placed anyway, should a community never be sampled): it scores every cluster
+model on its own training data, trains the most accurate one and joins that cluster.
 
 Stabilised (the clustering round): at least `warmup_rounds` rounds done, the relative change of
 the global model r_t = ||w_t - w_{t-1}|| / ||w_{t-1}|| has stopped shrinking (its mean over the
@@ -58,6 +59,7 @@ class IncrementalParams(BaseModel):
     max_cross_ratio: float = Field(0.25, gt=0, le=1)
     backend: Literal["igraph", "networkx"] = "igraph"
     placement_delay: int = Field(3, ge=0)
+    max_placement_wait: int = Field(100, ge=0)
     restart: Literal["global", "initial"] = "global"
 
 
@@ -150,13 +152,16 @@ class Incremental(ClusteredAlgorithm):
 
     # -- clients never seen before clustering --------------------------------------------------
     def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
-        if not self._models_differ():  # unplaced clients sit the round out
+        if not self._ready_to_place(rnd):  # unplaced clients sit the round out
             clients = [c for c in clients if c not in self._unplaced]
         return super().configure_train(rnd, clients)
 
-    def _models_differ(self) -> bool:
-        return all(self.trained_rounds.get(c.id, 0) >= self.params.placement_delay
-                   for c in self._clusters)
+    def _ready_to_place(self, rnd: int) -> bool:
+        p = self.params
+        if self.clustered_round is not None and rnd - self.clustered_round >= \
+                p.max_placement_wait:
+            return True
+        return all(self.trained_rounds.get(c.id, 0) >= p.placement_delay for c in self._clusters)
 
     def placement_task(self, rnd: int, client: int) -> TrainTask:
         self._offered[client] = [c.id for c in self._clusters]

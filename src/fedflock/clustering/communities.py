@@ -113,8 +113,8 @@ def louvain(weights: np.ndarray, resolution: float = 1.0, seed: int = 0,
     n = len(weights)
     if n == 0:
         return Communities([], 0.0, 1.0)
-    if not (weights > 0).any():  # no edges: nothing to group
-        return Communities([[i] for i in range(n)], 0.0, 0.0)
+    if not (weights > 0).any():  # no edges: no evidence of any grouping
+        return Communities([list(range(n))], 0.0, 1.0)
     found = BACKENDS.get(backend)(weights, resolution, seed)
     parts = sorted((sorted(c) for c in found), key=lambda p: (-len(p), p[0]))
     return Communities(parts, modularity(weights, parts, resolution),

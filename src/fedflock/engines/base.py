@@ -105,8 +105,11 @@ class Engine(ABC):
             tasks = algorithm.final_tasks(rnd, clients)
             if not tasks:
                 break
-            algorithm.finalize(self.exchange(rnd, tasks))
+            replies = self.exchange(rnd, tasks)
+            algorithm.finalize(replies)
             ran = True
+            if not replies:  # nobody left who answers: asking again would not help
+                break
         return ran
 
     def evaluate(self, algorithm: Algorithm) -> dict[int, tuple[float, float]]:

@@ -57,12 +57,18 @@ def _model_replacement(updates, attack, gen, replies):
 
 
 class Adversary:
-    """Replaces the replies of malicious clients by poisoned ones (model poisoning kinds)."""
+    """Replaces the replies of malicious clients by poisoned ones (model poisoning kinds).
 
-    def __init__(self, attack: AttackConfig, malicious: list[int], seed: int) -> None:
+    Only the trainable block (`update_size` entries) is poisoned; BatchNorm buffers keep their
+    honest deltas (a flipped or noisy running variance would just break the model, not attack it).
+    """
+
+    def __init__(self, attack: AttackConfig, malicious: list[int], seed: int,
+                 update_size: int | None = None) -> None:
         self.attack = attack
         self.malicious = set(malicious)
         self.seed = seed
+        self.update_size = update_size
         self.poison = POISONINGS.get(attack.kind) if attack.poisons_model else None
 
     def __call__(self, rnd: int, replies: list[TrainReply]) -> list[TrainReply]:
@@ -72,11 +78,14 @@ class Adversary:
         gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, 9, rnd])
                                                 .integers(2**62)))
         # Updates of select tasks are relative to different models; collusion still averages them.
-        honest = torch.stack([replies[i].update for i in bad])
+        size = self.update_size or replies[bad[0]].update.numel()
+        honest = torch.stack([replies[i].update[:size] for i in bad])
         poisoned = self.poison(honest, self.attack, gen, len(replies))
         out = list(replies)
         for row, i in enumerate(bad):
             r = replies[i]
-            out[i] = TrainReply(r.client, poisoned[row].clone(), r.num_examples, r.loss,
-                                r.metrics, r.payload, r.choice)
+            update = r.update.clone()
+            update[:size] = poisoned[row]
+            out[i] = TrainReply(r.client, update, r.num_examples, r.loss, r.metrics, r.payload,
+                                r.choice)
         return out

@@ -17,6 +17,9 @@ def malicious_clients(attack: AttackConfig | None, num_clients: int, seed: int) 
     if attack is None:
         return []
     k = round(attack.fraction * num_clients)
+    if k >= num_clients:
+        raise ConfigError(f"config: attack.fraction: {attack.fraction} of {num_clients} clients "
+                          "leaves no benign client")
     rng = np.random.default_rng([seed, 7])
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
