@@ -255,3 +255,15 @@ def test_cli_report(compare_dir: Path, tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+
+
+def test_attack_runs_colour_clients_by_malice() -> None:
+    from fedflock.report.load import RunData
+
+    plain = RunData(Path("r"), summary={"true_groups": [0, 1, 0]})
+    assert plain.reference_groups == ["true group 0", "true group 1", "true group 0"]
+    attacked = RunData(Path("r"), summary={"true_groups": [0, 0, 0],
+                                           "attack": {"malicious": [1]}})
+    assert attacked.reference_groups == ["benign", "malicious", "benign"]
+    grouped = RunData(Path("r"), summary={"true_groups": [0, 1], "attack": {"malicious": [0]}})
+    assert grouped.reference_groups == ["true group 0, malicious", "true group 1, benign"]

@@ -65,6 +65,20 @@ class RunData:
         return [int(g) for g in groups] if groups else None
 
     @property
+    def reference_groups(self) -> list[str] | None:
+        """What a good partition keeps together, per client: the true group, and under an
+        attack also whether the client is malicious (evaluation only)."""
+        truth = self.true_groups
+        if not truth:
+            return None
+        bad = set((self.summary.get("attack") or {}).get("malicious") or [])
+        if not bad:
+            return [f"true group {g}" for g in truth]
+        single = len(set(truth)) == 1
+        return [("" if single else f"true group {g}, ") + ("malicious" if c in bad else "benign")
+                for c, g in enumerate(truth)]
+
+    @property
     def tree(self) -> list[dict[str, Any]]:
         return list(self.summary.get("tree") or [])
 

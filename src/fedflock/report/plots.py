@@ -294,7 +294,7 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
     sim = matrix.similarity[np.ix_(order, order)]
     clients = [matrix.members[i] for i in order]
     n = len(clients)
-    truth = run.true_groups
+    truth = run.reference_groups
     groups = np.array([truth[c] for c in clients]) if truth and max(clients) < len(truth) else None
     with _style(), mpl.rc_context({"axes.grid": False}):
         fig = Figure(figsize=(6.6, 6.0))
@@ -321,7 +321,7 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
             codes = np.array([index_of[g] for g in groups])
             _group_strip(divider.append_axes("right", size="3.5%", pad=0.06), codes, cmap, True)
             _group_strip(divider.append_axes("top", size="3.5%", pad=0.06), codes, cmap, False)
-            handles = [Patch(color=colour(i), label=f"true group {g}")
+            handles = [Patch(color=colour(i), label=g)
                        for i, g in enumerate(names) if g in set(groups.tolist())]
         cax = divider.append_axes("right", size="4.5%", pad=0.5 if groups is not None else 0.15)
         fig.colorbar(image, cax=cax, label="cosine similarity of updates")
@@ -338,7 +338,8 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
             # into 1 + 3 is right though its ARI against the 4 groups is low).
             labels = np.repeat(np.arange(len(sizes)), sizes)
             whole = all(len(set(labels[np.asarray(groups) == g])) == 1 for g in set(groups))
-            detail += f",  true groups kept whole: {'yes' if whole else 'NO'}"
+            what = "groups" if run.summary.get("attack") else "true groups"
+            detail += f",  {what} kept whole: {'yes' if whole else 'NO'}"
         fig.suptitle("\n".join([*lines, detail]) if split else lines[0], fontsize=11)
         if handles:
             fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5),
