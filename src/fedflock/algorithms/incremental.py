@@ -77,6 +77,7 @@ class Incremental(ClusteredAlgorithm):
         self.changes: list[float] = []
         self.clustered_round: int | None = None
         self._offered: dict[int, list[int]] = {}
+        self._stack: tuple[list[torch.Tensor], torch.Tensor] | None = None
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
 
     # -- FedAvg phase ------------------------------------------------------------------------
@@ -165,8 +166,17 @@ class Incremental(ClusteredAlgorithm):
 
     def placement_task(self, rnd: int, client: int) -> TrainTask:
         self._offered[client] = [c.id for c in self._clusters]
-        models = torch.stack([c.params for c in self._clusters])
-        return TrainTask(client, models, rnd, "select")
+        return TrainTask(client, self._cluster_models(), rnd, "select")
+
+    def _cluster_models(self) -> torch.Tensor:
+        """The (K, P) stack of cluster models, built once while they stay the same: every
+        select task of a round shares it (thousands of final placements would otherwise hold
+        thousands of copies)."""
+        params = [c.params for c in self._clusters]  # held, so they cannot be freed and reused
+        if self._stack is None or len(self._stack[0]) != len(params) or any(
+                a is not b for a, b in zip(self._stack[0], params, strict=True)):
+            self._stack = (params, torch.stack(params))
+        return self._stack[1]
 
     def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
         offered = self._offered.pop(reply.client, [])
