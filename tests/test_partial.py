@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.client.protocol import TrainReply
-from fedflock.clustering.communities import affinity, louvain, modularity
+from fedflock.clustering.communities import affinity, louvain, merge_close, modularity
 from fedflock.config import validate
 from fedflock.experiment import run_experiment, without_timings
 from fedflock.similarity.incremental import IncrementalSimilarity
@@ -97,6 +97,21 @@ def test_a_uniform_cloud_is_cut_by_louvain_but_flagged_by_the_cross_ratio() -> N
     found = louvain(affinity(sim, True))
     assert len(found.parts) > 1  # Louvain always finds something
     assert found.cross_ratio > 0.5
+
+
+def test_merge_close_rejoins_a_cut_cloud_and_keeps_isolated_clients_apart() -> None:
+    sim, _ = _blocks([40], inside=0.04, across=0.04, seed=4)
+    weights = affinity(sim, True)
+    assert len(louvain(weights).parts) > 1
+    assert merge_close(weights, louvain(weights).parts, 0.25) == [list(range(40))]
+    # add 5 clients with zero updates (no edge to anyone): they stay singletons
+    padded = np.zeros((45, 45))
+    padded[:40, :40] = weights
+    parts = merge_close(padded, louvain(padded).parts, 0.25)
+    assert parts[0] == list(range(40)) and sorted(parts[1:]) == [[i] for i in range(40, 45)]
+    blocks, labels = _blocks([10, 7, 5], inside=0.6, across=-0.2)
+    found = louvain(affinity(blocks, True)).parts
+    assert merge_close(affinity(blocks, True), found, 0.25) == found
 
 
 def test_a_graph_without_edges_is_one_community() -> None:

@@ -15,11 +15,11 @@ the global model r_t = ||w_t - w_{t-1}|| / ||w_{t-1}|| has stopped shrinking (it
 last `patience` rounds is down by less than `stable_tol` from the mean over the `patience` rounds
 before: scale-free, whatever the learning rate), and at least `min_coverage` of the clients have
 been seen; or round `cluster_round` reached, whatever the rest says. Louvain always returns
-some partition; it is kept only if its communities are really apart: the mean edge weight
-between communities is at most `max_cross_ratio` times the mean weight within them (measured:
-0.45-0.55 for IID clients whose stale updates Louvain cut by age, below 0.06 for true groups
-and attackers). Otherwise the clients are judged one community (FedAvg goes on; clustering is
-not retried).
+some partition, so communities that are not really apart are merged back (`merge_close`): two
+stay apart only while the mean edge weight between them is at most `max_cross_ratio` times the
+mean weight within them (measured: 0.45-0.55 for IID clients whose stale updates Louvain cut by
+age, below 0.06 for true groups and attackers). If one community remains, FedAvg goes on
+(clustering is not retried).
 
 Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
 positive edge with them, so they form their own communities and poison only their own models.
@@ -41,7 +41,14 @@ from fedflock.algorithms.base import Cluster
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.protocol import TrainReply, TrainTask
-from fedflock.clustering.communities import affinity, louvain
+from fedflock.clustering.communities import (
+    Communities,
+    affinity,
+    cross_ratio,
+    louvain,
+    merge_close,
+    modularity,
+)
 from fedflock.similarity.incremental import IncrementalSimilarity
 
 MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not written to splits/
@@ -125,11 +132,14 @@ class Incremental(ClusteredAlgorithm):
         clients, values = self.store.values()
         weights = affinity(values.numpy(), self.store.is_similarity)
         found = louvain(weights, p.resolution, seed=0, backend=p.backend)
+        merged = merge_close(weights, found.parts, p.max_cross_ratio)
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustering_seconds=round(seconds, 4), modularity=round(found.modularity, 4),
-                   cross_ratio=round(found.cross_ratio, 4), communities=len(found.parts))
-        if found.cross_ratio > p.max_cross_ratio or len(found.parts) < 2:
+                   cross_ratio=round(found.cross_ratio, 4), louvain_communities=len(found.parts),
+                   communities=len(merged))
+        found = Communities(merged, modularity(weights, merged), cross_ratio(weights, merged))
+        if len(found.parts) < 2:
             self.store.release_updates()
             return
         parent = self._clusters[0]

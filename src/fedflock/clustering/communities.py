@@ -107,6 +107,40 @@ def cross_ratio(weights: np.ndarray, parts: list[list[int]]) -> float:
     return float(weights[~same].mean() / inside) if inside > 0 else 1.0
 
 
+def merge_close(weights: np.ndarray, parts: list[list[int]], max_ratio: float
+                ) -> list[list[int]]:
+    """Merge communities that are not really apart, closest pair first: two communities stay
+    apart only while the mean weight between them is at most `max_ratio` times the mean weight
+    within them (a singleton borrows the other's; two singletons the average community's).
+    Louvain cuts a uniform cloud into pieces; this puts such pieces back together, while
+    communities with (almost) no edge between them, e.g. isolated clients, stay apart."""
+    parts = [list(p) for p in parts]
+    while len(parts) > 1:
+        onehot = np.zeros((len(weights), len(parts)))
+        for k, part in enumerate(parts):
+            onehot[part, k] = 1.0
+        sizes = onehot.sum(0)
+        sums = onehot.T @ weights @ onehot  # total weight within (diagonal) and between parts
+        pairs_within = sizes * (sizes - 1)
+        within = np.where(pairs_within > 0, np.diag(sums) / np.maximum(pairs_within, 1), np.nan)
+        typical = float(np.nanmean(within)) if np.isfinite(within).any() else 0.0
+        between = sums / np.outer(sizes, sizes)
+        best, pair = max_ratio, None
+        for a in range(len(parts)):
+            for b in range(a + 1, len(parts)):
+                inside = np.nanmean([within[a], within[b]]) if np.isfinite(
+                    [within[a], within[b]]).any() else typical
+                ratio = between[a, b] / inside if inside > 0 else 0.0
+                if ratio > best:
+                    best, pair = ratio, (a, b)
+        if pair is None:
+            break
+        a, b = pair
+        parts[a] = sorted(parts[a] + parts[b])
+        del parts[b]
+    return sorted(parts, key=lambda p: (-len(p), p[0]))
+
+
 def louvain(weights: np.ndarray, resolution: float = 1.0, seed: int = 0,
             backend: str = "igraph") -> Communities:
     """Louvain communities of a weighted graph (rows of `weights`), largest first."""
