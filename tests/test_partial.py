@@ -109,7 +109,7 @@ def test_merge_close_rejoins_a_cut_cloud_and_keeps_isolated_clients_apart() -> N
     padded[:40, :40] = weights
     parts = merge_close(padded, louvain(padded).parts, 0.25)
     assert parts[0] == list(range(40)) and sorted(parts[1:]) == [[i] for i in range(40, 45)]
-    blocks, labels = _blocks([10, 7, 5], inside=0.6, across=-0.2)
+    blocks, _ = _blocks([10, 7, 5], inside=0.6, across=-0.2)
     found = louvain(affinity(blocks, True)).parts
     assert merge_close(affinity(blocks, True), found, 0.25) == found
 
