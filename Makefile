@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo  # the demo's own output: a second `make demo` starts afresh
 	$(BIN)/fedflock compare configs/demo.yaml --algorithms cfl,fedavg --out runs/demo
 	$(BIN)/fedflock report runs/demo
 

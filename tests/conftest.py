@@ -52,6 +52,11 @@ def small_config(**overrides: object) -> dict:
         "algorithm": {"name": "fedavg"},
         "checkpoint_every": 1,
     }
+    return apply_dotted(raw, overrides)
+
+
+def apply_dotted(raw: dict, overrides: dict) -> dict:
+    """Set `a.b.c`-keyed values in a nested config mapping (sections created as needed)."""
     for key, value in overrides.items():
         node = raw
         *path, last = key.split(".")

@@ -17,6 +17,7 @@ import yaml
 from fedflock.config import validate
 from fedflock.engines.flower.local import LocalDeployment
 from fedflock.experiment import run_experiment
+from tests.conftest import apply_dotted
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "flower_demo.yaml"
@@ -27,16 +28,6 @@ FAST = {"rounds": 4, "eval_every": 4, "algorithm.warmup_rounds": 1, "algorithm.p
 
 def _overrides(settings: dict) -> str:
     return 'set="' + ";".join(f"{k}={v}" for k, v in settings.items()) + '"'
-
-
-def _apply(raw: dict, settings: dict) -> dict:
-    for key, value in settings.items():
-        node = raw
-        *path, last = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return raw
 
 
 def _wait_for(path: Path, deployment: LocalDeployment, timeout: float = 240.0) -> dict:
@@ -55,7 +46,7 @@ def _wait_for(path: Path, deployment: LocalDeployment, timeout: float = 240.0) -
 def test_masked_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: Path) -> None:
     """Permutation masking on, its seed only in the SuperNodes' node config: the server clusters
     masked updates and must still find exactly the embedded engine's (unmasked) clusters."""
-    raw = _apply(yaml.safe_load(DEMO.read_text()), FAST)
+    raw = apply_dotted(yaml.safe_load(DEMO.read_text()), FAST)
     embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
                               quiet=True)
     assert embedded["splits"], "the demo config should split in the embedded engine"
@@ -78,7 +69,7 @@ def test_masked_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: P
 
 
 def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> None:
-    raw = _apply(yaml.safe_load(DEMO.read_text()), FAST)
+    raw = apply_dotted(yaml.safe_load(DEMO.read_text()), FAST)
     config = tmp_path / "faults.yaml"
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "flower-run"
@@ -134,7 +125,7 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
     import subprocess
     import sys
 
-    raw = _apply(yaml.safe_load(DEMO.read_text()), settings)
+    raw = apply_dotted(yaml.safe_load(DEMO.read_text()), settings)
     embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
                               quiet=True)
     out = tmp_path / "simulated"
