@@ -105,10 +105,7 @@ class Incremental(ClusteredAlgorithm):
         after = self._clusters[0].params[: self.update_size]
         change = float((after - before).norm() / before.norm().clamp_min(1e-12))
         self.changes.append(change)
-        norms = [float(r.update[: self.update_size].norm()) for r in replies]
-        agreement = float((after - before).norm()) / max(sum(norms) / max(len(norms), 1), 1e-12)
         out.update(stored=len(self.store), relative_change=round(change, 6),
-                   agreement=round(agreement, 4),
                    similarity_seconds=round(seconds, 6),
                    similarity_mb=round(self.store.nbytes / 2**20, 3))
         if self._stable(rnd):
