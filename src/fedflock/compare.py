@@ -84,9 +84,15 @@ def format_row(row: dict[str, Any]) -> list[str]:
         str(row["rounds"]),
         _fmt(row["seconds"], digits=1),
         _fmt(row["up_floats"], digits=1),
-        *([_fmt(row["benign"], pct=True), _fmt(row["asr"], pct=True) if "asr" in row else "–"]
-          if "benign" in row else []),
+        *_attack_cells(row),
     ]
+
+
+def _attack_cells(row: dict[str, Any]) -> list[str]:
+    """Benign accuracy and attack success rate, when the runs faced an attack."""
+    if "benign" not in row:
+        return []
+    return [_fmt(row["benign"], pct=True), _fmt(row["asr"], pct=True) if "asr" in row else "–"]
 
 
 def markdown_table(rows: list[dict[str, Any]], seeds: list[int]) -> str:

@@ -6,7 +6,7 @@ example-weighted mean) of its members' updates to its model.
 
 Under partial participation a client can be *unplaced*: it belongs to no cluster yet (CFL: it was
 absent when its cluster split; incremental clustering: it was never sampled before clustering). It
-waits with a model (`waiting_model`, used to evaluate it) until it is sampled again; then the
+waits with a model (its `model_of`, used to evaluate it) until it is sampled again; then the
 subclass asks it for a `placement_task` and `place`s it from the reply. Clients still unplaced
 after the last round are placed by final tasks, so the final partition covers every client.
 """

@@ -42,7 +42,6 @@ from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.protocol import TrainReply, TrainTask
 from fedflock.clustering.communities import (
-    Communities,
     affinity,
     cross_ratio,
     louvain,
@@ -135,13 +134,12 @@ class Incremental(ClusteredAlgorithm):
         out.update(clustering_seconds=round(seconds, 4), modularity=round(found.modularity, 4),
                    cross_ratio=round(found.cross_ratio, 4), louvain_communities=len(found.parts),
                    communities=len(merged))
-        found = Communities(merged, modularity(weights, merged), cross_ratio(weights, merged))
-        if len(found.parts) < 2:
+        if len(merged) < 2:
             self.store.release_updates()
             return
         parent = self._clusters[0]
         start = parent.params if p.restart == "global" else self.initial
-        parts = [[clients[i] for i in part] for part in found.parts]
+        parts = [[clients[i] for i in part] for part in merged]
         self._clusters = [self.new_cluster(sorted(members), start) for members in parts]
         seen = set(clients)
         for client in range(self.num_clients):
@@ -151,8 +149,8 @@ class Incremental(ClusteredAlgorithm):
         self.splits.append({"round": rnd, "parent": parent.id,
                             "children": [c.id for c in self._clusters],
                             "sizes": [len(x) for x in parts], "members": parts,
-                            "modularity": round(found.modularity, 4),
-                            "cross_ratio": round(found.cross_ratio, 4),
+                            "modularity": round(modularity(weights, merged), 4),
+                            "cross_ratio": round(cross_ratio(weights, merged), 4),
                             "unseen": self.num_clients - len(seen)})
         if len(clients) <= MAX_SAVED_MATRIX:
             self.split_matrices.append((clients, values.double().numpy()))

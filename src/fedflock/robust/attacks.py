@@ -29,17 +29,20 @@ def _common(updates: torch.Tensor, attack: AttackConfig) -> torch.Tensor:
 
 
 @POISONINGS.register("sign_flip", "the opposite of the honest update, times `scale`")
-def _sign_flip(updates, attack, gen, replies):
+def _sign_flip(updates: torch.Tensor, attack: AttackConfig, gen: torch.Generator,
+               replies: int) -> torch.Tensor:
     return -(attack.scale or 1.0) * _common(updates, attack)
 
 
 @POISONINGS.register("zero", "an all-zero update (a free rider)")
-def _zero(updates, attack, gen, replies):
+def _zero(updates: torch.Tensor, attack: AttackConfig, gen: torch.Generator,
+          replies: int) -> torch.Tensor:
     return torch.zeros_like(updates)
 
 
 @POISONINGS.register("random", "Gaussian noise, `scale` times the honest norm")
-def _random(updates, attack, gen, replies):
+def _random(updates: torch.Tensor, attack: AttackConfig, gen: torch.Generator,
+            replies: int) -> torch.Tensor:
     rows = 1 if attack.colluding else len(updates)
     noise = torch.randn(rows, updates.shape[1], generator=gen, dtype=torch.float64)
     noise = noise.to(updates.dtype).expand_as(updates)
@@ -51,7 +54,8 @@ def _random(updates, attack, gen, replies):
 
 
 @POISONINGS.register("model_replacement", "a poisoned update boosted to replace the aggregate")
-def _model_replacement(updates, attack, gen, replies):
+def _model_replacement(updates: torch.Tensor, attack: AttackConfig, gen: torch.Generator,
+                       replies: int) -> torch.Tensor:
     boost = attack.scale or replies / len(updates)
     return boost * _common(updates, attack)
 
