@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedflock.config import load_config
 from fedflock.experiment import run_experiment
+from fedflock.validation import load_config
 
 
 def load(run: Path) -> tuple[list[dict], dict]:

@@ -60,11 +60,12 @@ import torch
 
 from fedflock.algorithms import Algorithm
 from fedflock.client.executors import EXECUTORS, available_cores
-from fedflock.config import ExperimentConfig, validate
+from fedflock.config import ExperimentConfig
 from fedflock.data.datasets import load_dataset
 from fedflock.data.scenarios import SampleReuseWarning
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.experiment import Run
+from fedflock.validation import validate
 
 DATASET = "mnist5k"
 PHASES = ("configure", "train", "aggregate", "evaluate")

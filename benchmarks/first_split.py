@@ -17,8 +17,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from fedflock.config import validate
 from fedflock.experiment import run_experiment
+from fedflock.validation import validate
 
 
 def first_split_correct(summary: dict) -> tuple[bool, bool, int | None]:

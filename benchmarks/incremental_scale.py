@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from fedflock.clustering.communities import affinity, louvain
-from fedflock.config import validate
 from fedflock.experiment import run_experiment
 from fedflock.similarity.incremental import IncrementalSimilarity
+from fedflock.validation import validate
 
 MLP_SIZE = 784 * 100 + 100 + 100 * 10 + 10  # the update size of the MNIST MLP [100]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedflock.compare import compare
-from fedflock.config import load_config
+from fedflock.validation import load_config
 
 ALGORITHMS = "incremental,fedavg,median,trimmed_mean,krum,multi_krum"
 

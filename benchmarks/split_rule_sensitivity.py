@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedflock.config import validate
 from fedflock.experiment import run_experiment
+from fedflock.validation import validate
 
 SCENARIOS = {
     "mnist5k label_permutation K=4": ("mnist5k", {"kind": "label_permutation", "groups": 4}),

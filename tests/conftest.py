@@ -64,3 +64,20 @@ def apply_dotted(raw: dict, overrides: dict) -> dict:
             node = node.setdefault(part, {})
         node[last] = value
     return raw
+
+
+def make_algorithm(name: str, num_clients: int, size: int, **params: object):
+    """An algorithm on a bare context (zero initial model of `size`, all of it trainable)."""
+    import torch
+
+    from fedflock.algorithms import ALGORITHMS, AlgorithmContext
+
+    cls = ALGORITHMS.get(name)
+    return cls(cls.Params(**params), AlgorithmContext(num_clients, torch.zeros(size), size))
+
+
+def update_reply(client: int, update, examples: int = 10, loss: float = 0.1):
+    """A train reply carrying `update`."""
+    from fedflock.client.task import Reply
+
+    return Reply(client, {"update": update.clone()}, {"loss": loss}, examples)

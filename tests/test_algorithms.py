@@ -11,8 +11,8 @@ import torch
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.assign import assign_new_clients
-from fedflock.config import validate
 from fedflock.experiment import Run, run_experiment, without_timings
+from fedflock.validation import validate
 from tests.conftest import small_config
 
 # Six clients in two label-permutation groups split reliably within a few rounds.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedflock.config import load_config
+from fedflock.validation import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

@@ -84,19 +84,14 @@ def test_mnist_second_load_comes_from_the_disk_cache(
     shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FEDFLOCK_CACHE", str(tmp_path))
-    start = time.perf_counter()
     cold = D.load_mnist.__wrapped__(shared_data)  # bypass the in-memory lru_cache
-    cold_s = time.perf_counter() - start
     assert len(list(tmp_path.glob("mnist-*.pt"))) == 1
 
     def no_decoding(path: Path) -> np.ndarray:
         raise AssertionError(f"decoded {path} again instead of using the cache")
 
-    monkeypatch.setattr(D, "_read_idx", no_decoding)
-    start = time.perf_counter()
+    monkeypatch.setattr(D, "_read_idx", no_decoding)  # a timing would be flaky under load
     warm = D.load_mnist.__wrapped__(shared_data)
-    warm_s = time.perf_counter() - start
-    assert warm_s < cold_s
     for name in ("x_train", "y_train", "x_test", "y_test"):
         assert torch.equal(getattr(cold, name), getattr(warm, name))
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from fedflock.client.executors import EXECUTORS, choose_executor
-from fedflock.client.protocol import TrainTask
 from fedflock.client.runtime import ClientRuntime
-from fedflock.config import validate
+from fedflock.client.tasks import Evaluate, Gradient, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import ConfigError
+from fedflock.validation import validate
 from tests.conftest import small_config
 
 
@@ -36,11 +36,11 @@ def test_all_executors_compute_the_same_updates(model: str) -> None:
     sizes = {runtime.num_examples(c) for c in range(runtime.num_clients)}
     assert len(sizes) > 1, "the scenario should give clients different sizes"
     start = runtime.initial_params()
-    tasks = [TrainTask(c, start, round=3) for c in range(runtime.num_clients)]
+    tasks = [Train(c, 3, start) for c in range(runtime.num_clients)]
     results = {}
     for name in ("sequential", "batched", "processes"):
         with EXECUTORS.get(name)(runtime, 2) as executor:
-            replies = executor.train(tasks)
+            replies = executor.run(tasks)
         assert [r.client for r in replies] == list(range(runtime.num_clients))
         results[name] = torch.stack([r.update for r in replies])
         losses = torch.tensor([r.loss for r in replies])
@@ -54,20 +54,20 @@ def test_all_executors_compute_the_same_updates(model: str) -> None:
 def test_local_steps_and_finetune_epochs_agree_across_executors() -> None:
     runtime = _runtime("mlp", **{"training.local_steps": 5})
     start = runtime.initial_params()
-    tasks = [TrainTask(c, start, 1) for c in range(3)]
-    tasks.append(TrainTask(3, start, 1, epochs=3))
-    tasks.append(TrainTask(4, start, 1, mode="gradient"))
-    seq = torch.stack([r.update for r in EXECUTORS.get("sequential")(runtime).train(tasks)])
-    bat = torch.stack([r.update for r in EXECUTORS.get("batched")(runtime).train(tasks)])
+    tasks = [Train(c, 1, start) for c in range(3)]
+    tasks.append(Train(3, 1, start, epochs=3))
+    tasks.append(Gradient(4, 1, start))
+    seq = torch.stack([r.update for r in EXECUTORS.get("sequential")(runtime).run(tasks)])
+    bat = torch.stack([r.update for r in EXECUTORS.get("batched")(runtime).run(tasks)])
     assert torch.allclose(seq, bat, atol=1e-12)
 
 
 def test_same_seed_gives_identical_updates_and_another_round_differs() -> None:
     runtime = _runtime("mlp")
     start = runtime.initial_params()
-    first = runtime.train(TrainTask(0, start, 1)).update
-    again = runtime.train(TrainTask(0, start, 1)).update
-    other = runtime.train(TrainTask(0, start, 2)).update
+    first = Train(0, 1, start).run(runtime).update
+    again = Train(0, 1, start).run(runtime).update
+    other = Train(0, 2, start).run(runtime).update
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
 
@@ -93,11 +93,13 @@ def test_every_executor_evaluates_like_the_runtime() -> None:
     runtime = _runtime("cnn")
     start = runtime.initial_params()
     other = start + 0.01
-    models = {c: (start if c % 2 else other) for c in range(runtime.num_clients)}
-    expected = runtime.evaluate(models)
+    tasks = [Evaluate(c, 1, start if c % 2 else other) for c in range(runtime.num_clients)]
+    expected = [t.run(runtime).metrics for t in tasks]  # one client at a time
+    assert expected[0] != expected[1]
     for name in ("sequential", "processes"):
         with EXECUTORS.get(name)(runtime, 2) as executor:
-            got = executor.evaluate(models)
-        assert got.keys() == expected.keys()
-        for c in expected:
-            assert got[c] == pytest.approx(expected[c], abs=1e-9)
+            got = [r.metrics for r in executor.run(tasks)]
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert g.keys() == e.keys() == {"accuracy", "loss"}
+            assert g == pytest.approx(e, abs=1e-9)

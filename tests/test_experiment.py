@@ -14,10 +14,11 @@ import pytest
 import torch
 import yaml
 
-from fedflock.config import ParticipationConfig, validate
+from fedflock.config import ParticipationConfig
 from fedflock.errors import FedflockError
 from fedflock.experiment import run_experiment, sample_clients, without_timings
-from tests.conftest import small_config
+from fedflock.validation import validate
+from tests.conftest import make_algorithm, small_config
 
 CFL = {"name": "cfl", "warmup_rounds": 2, "patience": 2}
 
@@ -109,26 +110,25 @@ def test_participation_sampling_is_seeded_and_sized() -> None:
 
 def test_final_tasks_stop_when_nobody_answers() -> None:
     """Fine-tuning (or placing) clients that never reply is asked once, not in a loop."""
-    from fedflock.algorithms import ALGORITHMS
     from fedflock.engines.base import Engine
 
     class Silent(Engine):
         name = "silent"
         num_clients, update_size, true_groups, executor_name = 3, 2, None, "none"
+        data_spec = None
         calls = 0
 
-        def initial_params(self):
-            return torch.zeros(2)
+        def initial_models(self, count):
+            return torch.zeros(count, 2)
+
+        def model_handle(self):
+            return None
 
         def run_tasks(self, rnd, tasks):
             Silent.calls += 1
             return []
 
-        def evaluate_models(self, models):
-            return {}
-
-    cls = ALGORITHMS.get("fedavg_ft")
-    algorithm = cls(cls.Params(), 3, torch.zeros(2), 2)
+    algorithm = make_algorithm("fedavg_ft", 3, 2)
     engine = Silent()
     assert engine.finish(algorithm, 5, [0, 1, 2]) is True
     assert Silent.calls == 1 and engine.missing == {0: [5], 1: [5], 2: [5]}

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-from fedflock.config import validate
 from fedflock.engines.flower.local import LocalDeployment
 from fedflock.experiment import run_experiment
+from fedflock.validation import validate
 from tests.conftest import apply_dotted
 
 REPO = Path(__file__).resolve().parents[1]

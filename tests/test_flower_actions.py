@@ -1,5 +1,5 @@
-"""The ClientApp's handlers, called in-process with real Flower Messages (no processes needed):
-the default train/evaluate/query and the custom `train.<action>` tasks other algorithms use."""
+"""The ClientApp's one generic handler, called in-process with real Flower Messages (no
+processes needed): every built-in task through the codec equals the task run on the runtime."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedflock.client.protocol import TrainTask
 from fedflock.client.runtime import ClientRuntime
-from fedflock.config import validate
+from fedflock.client.task import Task
+from fedflock.client.tasks import Basis, Evaluate, Gradient, Losses, Responses, Select, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import (
-    PARAMS,
-    record_vector,
+    message_type,
+    record_tensors,
     reply_from_message,
     task_content,
-    vector_record,
 )
+from fedflock.validation import validate
 from tests.conftest import small_config
 
 
@@ -30,10 +30,6 @@ from tests.conftest import small_config
 def _task_identity() -> None:
     """Replies need the identity a SuperNode gives its ClientApp process."""
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 7
-
-
-def _output(answer: Message, key: str) -> torch.Tensor:
-    return torch.from_numpy(answer.content.array_records["outputs"][key].numpy().copy())
 
 
 def _setup(tmp_path: Path, client: int = 1) -> tuple[Context, ClientRuntime]:
@@ -48,60 +44,84 @@ def _setup(tmp_path: Path, client: int = 1) -> tuple[Context, ClientRuntime]:
     return context, runtime
 
 
-def _send(content: RecordDict, kind: str, context: Context) -> Message:
-    return app(Message(content, 7, kind), context)
+def _send(task: Task, context: Context) -> Message:
+    return app(Message(task_content(task), 7, message_type(task)), context)
 
 
-def _inputs(**arrays: torch.Tensor) -> RecordDict:
-    record = ArrayRecord()
-    for key, value in arrays.items():
-        record[key] = vector_record(key, value)[key]
-    return RecordDict({"inputs": record})
-
-
-def test_train_and_evaluate_messages_match_the_runtime(tmp_path: Path) -> None:
-    context, runtime = _setup(tmp_path)
+def _tasks(runtime: ClientRuntime) -> list[Task]:
     start = runtime.initial_params()
-    task = TrainTask(1, start, round=2)
-    reply = reply_from_message(_send(task_content(task), "train", context), start.numel(), 1)
-    assert torch.equal(reply.update, runtime.train(task).update)
-    answer = _send(RecordDict({PARAMS: vector_record(PARAMS, start)}), "evaluate", context)
-    metrics = answer.content.metric_records["metrics"]
-    assert metrics["accuracy"] == runtime.evaluate({1: start})[1][0]
+    trained = start + Train(1, 1, start, epochs=3).run(runtime).update
+    models = torch.stack([start, trained])
+    n = runtime.num_examples(1)
+    return [Train(1, 2, start),
+            Train(1, 2, start, proximal_mu=0.1, sample_weights=torch.rand(n)),
+            Train(1, 2, start, proximal_mu=0.1, centres=models,
+                  centre_weights=torch.tensor([0.3, 0.7])),
+            Gradient(1, 2, start),
+            Select(1, 2, models), Select(1, 2, models, criterion="accuracy", train=False),
+            Losses(1, 2, models), Basis(1, 2, rank=3), Evaluate(1, 2, trained),
+            Responses(1, 2, start, torch.rand(5, 1, 8, 8))]
 
 
-def test_select_task_round_trips_scores_and_choice(tmp_path: Path) -> None:
-    """A select task (K models) through the ClientApp equals the runtime's own answer."""
+def test_every_task_through_the_clientapp_equals_the_runtime(tmp_path: Path) -> None:
     context, runtime = _setup(tmp_path)
+    for task in _tasks(runtime):
+        reply = reply_from_message(_send(task, context), 1)
+        task.check(reply)
+        local = task.run(runtime)
+        assert reply.tensors.keys() == local.tensors.keys(), task.kind
+        for name, value in local.tensors.items():
+            assert torch.equal(reply.tensors[name], value), (task.kind, name)
+        assert reply.metrics == pytest.approx(local.metrics), task.kind
+        assert reply.num_examples == local.num_examples
+
+
+def test_task_results_have_the_documented_shapes(tmp_path: Path) -> None:
+    _, runtime = _setup(tmp_path)
     start = runtime.initial_params()
-    trained = start + runtime.train(TrainTask(1, start, round=1, epochs=3)).update
-    task = TrainTask(1, torch.stack([start, trained]), round=2, mode="select")
-    reply = reply_from_message(_send(task_content(task), "train", context), start.numel(), 1)
-    local = runtime.train(task)
-    assert reply.choice == local.choice == 1  # the trained model fits the client's data better
-    assert torch.equal(reply.payload, local.payload) and reply.payload.shape == (2, 2)
-    assert torch.equal(reply.update, local.update)
+    trained = start + Train(1, 1, start, epochs=3).run(runtime).update
+    select = Select(1, 2, torch.stack([start, trained])).run(runtime)
+    assert select.choice == 1  # the trained model has the lower training loss
+    assert select.tensors["scores"].shape == (2, 2)
+    losses = Losses(1, 2, torch.stack([start, trained])).run(runtime).tensors["losses"]
+    assert losses.shape == (2, runtime.num_examples(1))
+    assert losses[1].mean() < losses[0].mean()
+    basis = Basis(1, 2, rank=3).run(runtime)
+    u, counts = basis.tensors["basis"], basis.tensors["counts"]
+    assert u.shape == (10, 64, 3) and int(counts.sum()) == runtime.num_examples(1)
+    present = int(counts.argmax())
+    gram = u[present].T @ u[present]
+    assert torch.allclose(gram, torch.eye(3, dtype=u.dtype), atol=1e-5)  # orthonormal
+    probs = Responses(1, 2, start, torch.rand(5, 1, 8, 8)).run(runtime).tensors["responses"]
+    assert probs.shape == (5, 10) and torch.allclose(probs.sum(1), torch.ones(5), atol=1e-5)
 
 
-def test_query_reports_partition_group_and_initial_model(tmp_path: Path) -> None:
+def test_proximal_term_pulls_training_towards_its_centre(tmp_path: Path) -> None:
+    _, runtime = _setup(tmp_path)
+    start = runtime.initial_params()
+    free = Train(1, 2, start).run(runtime).update.norm()
+    held = Train(1, 2, start, proximal_mu=5.0).run(runtime).update.norm()
+    assert held < 0.8 * free
+
+
+def test_zero_sample_weights_leave_the_model_unchanged(tmp_path: Path) -> None:
+    _, runtime = _setup(tmp_path)
+    start = runtime.initial_params()
+    n = runtime.num_examples(1)
+    update = Train(1, 2, start, sample_weights=torch.zeros(n)).run(runtime).update
+    assert torch.count_nonzero(update) == 0
+    ones = Train(1, 2, start, sample_weights=torch.ones(n)).run(runtime).update
+    assert torch.allclose(ones, Train(1, 2, start).run(runtime).update, atol=1e-6)
+
+
+def test_query_reports_partition_group_data_and_initial_models(tmp_path: Path) -> None:
     context, runtime = _setup(tmp_path)
-    ask = RecordDict({"ask": ConfigRecord({"initial-params": 1})})
-    info = _send(ask, "query", context).content
+    ask = RecordDict({"ask": ConfigRecord({"initial-models": 3})})
+    info = app(Message(ask, 7, "query"), context).content
     assert info.config_records["info"]["client"] == 1
     assert info.config_records["info"]["group"] == int(runtime.data.groups[1])
-    assert torch.equal(record_vector(info, PARAMS), runtime.initial_params())
-
-
-def test_custom_actions_answer_losses_bases_and_responses(tmp_path: Path) -> None:
-    context, runtime = _setup(tmp_path)
-    models = torch.stack([runtime.initial_params(), runtime.initial_params() * 0.5])
-    losses = _output(_send(_inputs(models=models), "train.losses", context), "losses")
-    assert losses.shape == (2,) and torch.allclose(losses, runtime.losses(1, models))
-    content = RecordDict({"config": ConfigRecord({"rank": 3})})
-    u = _output(_send(content, "train.basis", context), "basis")
-    assert u.shape == (64, 3)
-    assert torch.allclose(u.T @ u, torch.eye(3, dtype=u.dtype), atol=1e-5)  # orthonormal
-    inputs = torch.rand(5, 1, 8, 8)
-    message = _inputs(params=models[0], inputs=inputs)
-    probs = _output(_send(message, "train.responses", context), "responses")
-    assert probs.shape == (5, 10) and torch.allclose(probs.sum(1), torch.ones(5), atol=1e-5)
+    assert not info.config_records["info"]["masked"]
+    models = record_tensors(info.array_records["models"])["models"]
+    assert models.shape == (3, runtime.spec.size)
+    assert torch.equal(models[0], runtime.initial_params())
+    assert not torch.equal(models[1], models[2])  # distinct seeded initialisations

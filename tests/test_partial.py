@@ -12,13 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.algorithms import ALGORITHMS
-from fedflock.client.protocol import TrainReply
 from fedflock.clustering.communities import affinity, louvain, merge_close, modularity
-from fedflock.config import validate
 from fedflock.experiment import run_experiment, without_timings
 from fedflock.similarity.incremental import IncrementalSimilarity
-from tests.conftest import small_config
+from fedflock.validation import validate
+from tests.conftest import make_algorithm, small_config, update_reply
 
 # -- the store ---------------------------------------------------------------------------------
 
@@ -181,21 +179,19 @@ def test_cfl_splits_under_partial_participation_and_places_everyone(tmp_path: Pa
     assert sum(first["sizes"]) < 40
 
 
-def _reply(client: int, direction: torch.Tensor) -> TrainReply:
-    return TrainReply(client, direction.clone(), 10, 0.1)
+def _reply(client: int, direction: torch.Tensor):
+    return update_reply(client, direction)
 
 
 def test_cfl_never_gives_absent_clients_a_row_and_routes_them_by_the_tree() -> None:
-    cls = ALGORITHMS.get("cfl")
-    params = cls.Params(warmup_rounds=0, patience=1, min_replies=4)
-    cfl = cls(params, num_clients=8, initial=torch.zeros(4), update_size=4)
+    cfl = make_algorithm("cfl", 8, 4, warmup_rounds=0, patience=1, min_replies=4)
     a, b = torch.tensor([1.0, 0, 0, 0]), torch.tensor([0, 1.0, 0, 0])
     gen = torch.Generator().manual_seed(0)
     noisy = [(v + 0.01 * torch.randn(4, generator=gen)) for v in (a, a, a, b, b, b)]
     replies = [_reply(c, u) for c, u in zip([0, 1, 2, 4, 5, 6], noisy, strict=True)]
     cfl.aggregate_train(1, replies)  # clients 3 and 7 absent
-    assert len(cfl.splits) == 1
-    assert sorted(map(sorted, cfl.splits[0]["members"])) == [[0, 1, 2], [4, 5, 6]]
+    assert len(cfl.decisions) == 1
+    assert sorted(map(sorted, cfl.decisions[0].members)) == [[0, 1, 2], [4, 5, 6]]
     assert cfl.unplaced() == [3, 7]
     assert cfl.num_clusters() == 2 and len(cfl.clusters()) == 3  # the waiting form no cluster
     # absent clients wait with the model the cluster had when it split
@@ -209,16 +205,14 @@ def test_cfl_never_gives_absent_clients_a_row_and_routes_them_by_the_tree() -> N
 
 
 def test_cfl_skips_rounds_with_too_few_replies_without_resetting_patience() -> None:
-    cls = ALGORITHMS.get("cfl")
-    cfl = cls(cls.Params(warmup_rounds=0, patience=2, min_replies=4), num_clients=10,
-              initial=torch.zeros(3), update_size=3)
+    cfl = make_algorithm("cfl", 10, 3, warmup_rounds=0, patience=2, min_replies=4)
     a, b = torch.tensor([1.0, 0, 0]), torch.tensor([0, 1.0, 0])
     four = [_reply(0, a), _reply(1, a), _reply(5, b), _reply(6, b)]
     cfl.aggregate_train(1, four)
     cfl.aggregate_train(2, four[:3])  # too few: no statistic, patience kept
-    assert len(cfl._clusters[0].history) == 1 and not cfl.splits
+    assert len(cfl.history[cfl._clusters[0].id]) == 1 and not cfl.decisions
     cfl.aggregate_train(3, four)
-    assert len(cfl.splits) == 1
+    assert len(cfl.decisions) == 1
 
 
 # -- clustering as a defence -------------------------------------------------------------------

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from fedflock.compare import compare
-from fedflock.config import validate
 from fedflock.errors import FedflockError
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
@@ -32,6 +31,7 @@ from fedflock.report.plots import (
     split_order,
     tree_layout,
 )
+from fedflock.validation import validate
 from tests.conftest import small_config
 
 # Two hidden groups with swapped labels: CFL with no warm-up and a lowered pseudo-F threshold

@@ -8,14 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.client.protocol import TrainReply
+from fedflock.client.task import Reply
 from fedflock.config import AttackConfig
+from fedflock.data.poisoning import flip_labels, malicious_clients
 from fedflock.robust import (
     Adversary,
     coordinate_median,
-    flip_labels,
     krum_scores,
-    malicious_clients,
     multi_krum,
     trimmed_mean,
 )
@@ -74,8 +73,8 @@ def test_label_flip_maps_both_ways_and_keeps_the_rest() -> None:
     assert flip_labels(y, attack.label_map).tolist() == [4, 5, 6, 7, 0, 1, 2, 3, 8, 9]
 
 
-def _replies(updates: torch.Tensor) -> list[TrainReply]:
-    return [TrainReply(i, u.clone(), 10, 0.5) for i, u in enumerate(updates)]
+def _replies(updates: torch.Tensor) -> list[Reply]:
+    return [Reply(i, {"update": u.clone()}, {"loss": 0.5}, 10) for i, u in enumerate(updates)]
 
 
 @pytest.mark.parametrize("colluding", [False, True])
@@ -84,7 +83,7 @@ def test_model_poisonings(colluding: bool) -> None:
     updates = torch.randn(5, 8, generator=gen)
     bad = [1, 3]
 
-    def poisoned(kind: str, **kw: float) -> list[TrainReply]:
+    def poisoned(kind: str, **kw: float) -> list[Reply]:
         attack = AttackConfig(kind=kind, fraction=0.4, colluding=colluding, **kw)
         return Adversary(attack, bad, seed=0)(rnd=1, replies=_replies(updates))
 

@@ -225,7 +225,7 @@ def test_feature_skew_uses_the_listed_transform_of_every_group() -> None:
 
 
 def test_feature_skew_needs_one_distinct_transform_per_group() -> None:
-    from fedflock.config import validate
+    from fedflock.validation import validate
 
     for groups, transforms in ((3, ["none", "invert"]), (2, ["noise", "noise"])):
         raw = {"data": {"dataset": "digits", "clients": 6, "scenario": {

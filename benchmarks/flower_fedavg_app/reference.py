@@ -14,7 +14,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedflock.client.protocol import TrainTask
+from fedflock.client.tasks import Evaluate, Train
+from fedflock.data.spec import DataSpec
 from fedflock.engines.flower.clientapp import _runtime
 from fedflock.engines.flower.settings import experiment_config
 from fedflock.models import build_model
@@ -29,7 +30,7 @@ def train(message: Message, context: Context) -> Message:
     runtime.model.load_state_dict(message.content["arrays"].to_torch_state_dict())
     start = runtime.spec.flatten(runtime.model)
     rnd = int(message.content["config"]["server-round"])
-    reply = runtime.train(TrainTask(pid, start, rnd))
+    reply = Train(pid, rnd, start).run(runtime)
     runtime.spec.load(runtime.model, start + reply.update)
     metrics = MetricRecord({"num-examples": reply.num_examples, "train-loss": reply.loss})
     return Message(RecordDict({"arrays": ArrayRecord(runtime.model.state_dict()),
@@ -40,7 +41,8 @@ def train(message: Message, context: Context) -> Message:
 def evaluate(message: Message, context: Context) -> Message:
     runtime, pid = _runtime(context)
     runtime.model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-    accuracy, loss = runtime.evaluate({pid: runtime.spec.flatten(runtime.model)})[pid]
+    scores = Evaluate(pid, 0, runtime.spec.flatten(runtime.model)).run(runtime).metrics
+    accuracy, loss = scores["accuracy"], scores["loss"]
     metrics = MetricRecord({"num-examples": len(runtime.data.clients[pid].y_test),
                             "accuracy": accuracy, "loss": loss})
     return Message(RecordDict({"metrics": metrics}), reply_to=message)
@@ -66,7 +68,7 @@ def main(grid: Grid, context: Context) -> None:
     from fedflock.data import load_dataset
 
     dataset = load_dataset(config.data.dataset, config.data.resolved_root())
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes)
+    model = build_model(config.model, DataSpec(dataset.input_shape, dataset.num_classes))
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=clients,
                       min_train_nodes=clients, min_evaluate_nodes=clients)
     start = time.perf_counter()

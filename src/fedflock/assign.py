@@ -9,12 +9,12 @@ import numpy as np
 import torch
 import yaml
 
-from fedflock.client.protocol import TrainTask
 from fedflock.client.runtime import ClientRuntime
+from fedflock.client.tasks import Evaluate, Train
 from fedflock.clustering import ParameterTree
-from fedflock.config import validate
 from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import FedflockError
+from fedflock.validation import validate
 
 
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
@@ -44,11 +44,11 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
     rows = []
     for client in range(clients):
         def update_at(params: torch.Tensor, c: int = client) -> torch.Tensor:
-            reply = runtime.train(TrainTask(c, params, round=0))
+            reply = Train(c, 0, params).run(runtime)
             return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
 
         leaf, path = tree.route(update_at)
-        acc, _ = runtime.evaluate({client: leaf_models[leaf]})[client]
+        acc = Evaluate(client, 0, leaf_models[leaf]).run(runtime).metrics["accuracy"]
         rows.append({"client": client, "true_group": int(fresh.groups[client]), "cluster": leaf,
                      "cluster_group": leaf_group[leaf], "accuracy": round(acc, 4), "path": path})
     correct = [r["true_group"] == r["cluster_group"] for r in rows]

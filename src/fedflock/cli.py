@@ -36,8 +36,8 @@ def run(config: Path, set_: SetOpt = None,
         resume: Annotated[bool, typer.Option(help="continue from the last checkpoint")] = False,
         quiet: QuietOpt = False) -> None:
     """Run one experiment and write its run directory."""
-    from fedflock.config import load_config
     from fedflock.experiment import run_experiment
+    from fedflock.validation import load_config
 
     cfg = load_config(config, set_ or [])
     out = out or _default_out(config, f"{cfg.algorithm.name}-seed{cfg.seed}")
@@ -47,10 +47,12 @@ def run(config: Path, set_: SetOpt = None,
         summary = run_simulation(config, set_ or [], out, cfg.data.clients)
     else:
         summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
+    metric = summary.get("primary_metric", "accuracy")
+    ari = "n/a" if summary["ari"] is None else f"{summary['ari']:.3f}"
     typer.echo(
-        f"{summary['algorithm']}: accuracy {summary['accuracy']['mean']:.4f} "
-        f"(worst {summary['accuracy']['worst']:.4f}), clusters {summary['num_clusters']}, "
-        f"ARI {summary['ari']:.3f}, {summary['wall_seconds']:.1f}s -> {out}"
+        f"{summary['algorithm']}: {metric} {summary[metric]['mean']:.4f} "
+        f"(worst {summary[metric]['worst']:.4f}), clusters {summary['num_clusters']}, "
+        f"ARI {ari}, {summary['wall_seconds']:.1f}s -> {out}"
     )
 
 
@@ -67,7 +69,7 @@ def compare(config: Path,
 
     from fedflock.compare import compare as run_compare
     from fedflock.compare import format_row, header
-    from fedflock.config import load_config
+    from fedflock.validation import load_config
 
     cfg = load_config(config, set_ or [])
     try:
@@ -117,20 +119,34 @@ def assign(run_dir: Path,
 
 
 @app.command("list")
-def list_components() -> None:
-    """Datasets, scenarios, models, algorithms, attacks, similarity measures and executors."""
+def list_components(
+        params: Annotated[str | None, typer.Option(
+            "--params", help="an algorithm's parameters: type, default, description")] = None,
+) -> None:
+    """Datasets, scenarios, models, algorithms, tasks, objectives, attacks, similarity
+    measures and executors; or one algorithm's parameters (`--params NAME`)."""
     from fedflock.algorithms import ALGORITHMS
     from fedflock.client.executors import EXECUTORS
+    from fedflock.client.objectives import OBJECTIVES
+    from fedflock.client.task import TASKS
+    from fedflock.client.tasks import CRITERIA
     from fedflock.data import DATASETS, SCENARIO_DOCS
     from fedflock.models import MODELS
     from fedflock.robust import POISONINGS
     from fedflock.similarity.incremental import MEASURES
+
+    if params is not None:
+        _print_params(ALGORITHMS.get(params))
+        return
 
     sections = {
         "datasets": DATASETS.describe(),
         "scenarios": SCENARIO_DOCS,
         "models": MODELS.describe(),
         "algorithms": ALGORITHMS.describe(),
+        "client tasks": TASKS.describe(),
+        "selection criteria (select task)": CRITERIA.describe(),
+        "objectives": OBJECTIVES.describe(),
         "attacks (attack.kind)": POISONINGS.describe()
         | {"label_flip": "trains on labels mapped by attack.label_map (0-3 <-> 4-7)"},
         "similarity measures (incremental)": MEASURES.describe(),
@@ -141,6 +157,25 @@ def list_components() -> None:
         width = max(len(k) for k in items)
         for name, doc in items.items():
             typer.echo(f"  {name:<{width}}  {doc}")
+
+
+def _print_params(cls: type) -> None:
+    """One line per parameter of an algorithm's schema: name, type, default, description."""
+    fields = cls.Params.model_fields
+    typer.echo(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
+    if not fields:
+        typer.echo("  (no parameters)")
+        return
+    rows = []
+    for name, info in fields.items():
+        kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
+        kind = kind.replace("typing.", "")
+        default = "required" if info.is_required() else repr(info.get_default(
+            call_default_factory=True))
+        rows.append((name, kind, default, info.description or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for name, kind, default, doc in rows:
+        typer.echo(f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {doc}")
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,

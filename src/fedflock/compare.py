@@ -8,17 +8,26 @@ from typing import Any
 
 import numpy as np
 
-from fedflock.config import ExperimentConfig, validate
+from fedflock.config import ExperimentConfig
 from fedflock.experiment import run_experiment
+from fedflock.validation import validate
 
 HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds",
           "up Mfloats")
 ATTACK_HEADER = ("benign %", "ASR %")
 
 
+def _percent(row: dict[str, Any]) -> bool:
+    return row.get("metric", "accuracy") == "accuracy"
+
+
 def header(rows: list[dict[str, Any]]) -> list[str]:
-    """The table's columns: the attack columns only when the runs faced an attack."""
-    return list(HEADER) + (list(ATTACK_HEADER) if any("benign" in r for r in rows) else [])
+    """The table's columns: the attack columns only when the runs faced an attack; the
+    primary metric's name when it is not accuracy (e.g. perplexity)."""
+    columns = list(HEADER)
+    if rows and not _percent(rows[0]):
+        columns[1:3] = [rows[0]["metric"], "worst"]
+    return columns + (list(ATTACK_HEADER) if any("benign" in r for r in rows) else [])
 
 
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
@@ -48,10 +57,12 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"mean": float(np.mean(values)), "std": float(np.std(values)),
                 "per_seed": [float(v) for v in values]}
 
+    metric = summaries[0].get("primary_metric", "accuracy")
     row = {
         "algorithm": name,
-        "accuracy": stat([s["accuracy"]["mean"] for s in summaries]),
-        "worst": stat([s["accuracy"]["worst"] for s in summaries]),
+        "metric": metric,
+        "accuracy": stat([s[metric]["mean"] for s in summaries]),
+        "worst": stat([s[metric]["worst"] for s in summaries]),
         "clusters": stat([s["num_clusters"] for s in summaries]),
         "ari": stat([s["ari"] for s in summaries]),
         "rounds": summaries[0]["rounds"],
@@ -59,8 +70,8 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "up_floats": stat([s["communication"]["up_floats"] / 1e6 for s in summaries]),
     }
     attacks = [s.get("attack") for s in summaries]
-    if all(a and a["benign_accuracy"] is not None for a in attacks):
-        row["benign"] = stat([a["benign_accuracy"] for a in attacks])
+    if all(a and a.get(f"benign_{metric}") is not None for a in attacks):
+        row["benign"] = stat([a[f"benign_{metric}"] for a in attacks])
         if all(a.get("attack_success_rate") is not None for a in attacks):
             row["asr"] = stat([a["attack_success_rate"] for a in attacks])
     return row
@@ -77,8 +88,8 @@ def _fmt(stat: dict[str, float], pct: bool = False, digits: int = 2) -> str:
 def format_row(row: dict[str, Any]) -> list[str]:
     return [
         row["algorithm"],
-        _fmt(row["accuracy"], pct=True),
-        _fmt(row["worst"], pct=True),
+        _fmt(row["accuracy"], pct=_percent(row)),
+        _fmt(row["worst"], pct=_percent(row)),
         _fmt(row["clusters"], digits=1),
         _fmt(row["ari"], digits=2),
         str(row["rounds"]),

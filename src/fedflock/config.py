@@ -223,27 +223,13 @@ def load_raw(path: Path) -> dict[str, Any]:
     return raw
 
 
-def validate(raw: dict[str, Any]) -> ExperimentConfig:
+def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
+    """The structure and values of a raw config (names of registered components are checked
+    one layer up, by `fedflock.validation.validate`: this module imports no registry)."""
     try:
-        config = ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
-    # Names are checked against the registries; algorithm parameters by the algorithm itself.
-    from fedflock.algorithms import validate_params
-    from fedflock.data import DATASETS
-    from fedflock.models import MODELS
-
-    for key, registry, name in (("data.dataset", DATASETS, config.data.dataset),
-                                ("model.name", MODELS, config.model.name)):
-        if name not in registry:
-            raise ConfigError(f"config: {key}: unknown {registry.kind} {name!r} "
-                              f"(expected one of: {', '.join(registry)})")
-    validate_params(config.algorithm)
-    return config
-
-
-def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    return validate(apply_overrides(load_raw(path), overrides or []))
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -8,12 +8,13 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     cfl,
     fedavg,
     fedavg_ft,
+    ifca,
     incremental,
     local,
     oracle,
     robust,
 )
-from fedflock.algorithms.base import Algorithm
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, Decision
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.config import AlgorithmConfig, format_validation_error
 from fedflock.errors import ConfigError
@@ -31,4 +32,4 @@ def validate_params(cfg: AlgorithmConfig) -> BaseModel:
         raise ConfigError(format_validation_error(err, "algorithm")) from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "validate_params"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmContext", "Decision", "validate_params"]

@@ -1,21 +1,25 @@
 """Server logic of a federated algorithm, independent of any engine.
 
-An engine asks `configure_train` what each sampled client must do, runs the tasks, hands the
-replies to `aggregate_train`, and evaluates every client on `model_of(client)`. Algorithms see
-flat parameter vectors only (see `fedflock.models.flat`); the first `update_size` entries of an
-update are the trainable part used for similarity and norms.
+An engine asks `configure_train` what each sampled client must do (a list of client tasks),
+runs the tasks, hands the checked replies to `aggregate_train`, and evaluates every client on
+`model_of(client)`. Algorithms see flat parameter vectors (see `fedflock.models.flat`); the first
+`update_size` entries of an update are the trainable part used for similarity and norms. All an
+algorithm may know of the federation comes through its `AlgorithmContext`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import Reply, Task
+from fedflock.models import ModelHandle
 
 
 class NoParams(BaseModel):
@@ -23,40 +27,103 @@ class NoParams(BaseModel):
 
 
 @dataclass
+class AlgorithmContext:
+    """What an algorithm may know: the number of clients, the agreed initial model (and K
+    distinct ones on request), a seeded RNG, and a handle on the model (None under masking: the
+    server cannot tell which coordinate is which). `true_groups` is given only to algorithms
+    that declare `uses_ground_truth` (evaluation references such as the oracle)."""
+
+    num_clients: int
+    initial: torch.Tensor
+    update_size: int
+    seed: int = 0
+    model: ModelHandle | None = None
+    make_initial_models: Callable[[int], torch.Tensor] | None = None
+    true_groups: np.ndarray | None = None
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng([self.seed, 11])
+
+    def initial_models(self, count: int) -> torch.Tensor:
+        """`count` distinct seeded initial models (K, P); the first is `initial`."""
+        if count == 1 or self.make_initial_models is None:
+            if count > 1:
+                raise ValueError("this federation cannot make distinct initial models")
+            return self.initial[None].clone()
+        return self.make_initial_models(count)
+
+
+@dataclass
 class Cluster:
     id: int
     members: list[int]
     params: torch.Tensor
-    history: list[float] = field(default_factory=list)  # per-round split statistic (CFL)
+
+
+@dataclass
+class Decision:
+    """One structural decision (a split, a merge, a clustering, a placement): which cluster(s)
+    it changed into which, the members of each result, and the statistics that decided it.
+    `matrix` (client ids, similarity) is written to the run's splits/ folder when given."""
+
+    kind: str
+    round: int
+    parent: int | list[int] | None
+    children: list[int]
+    members: list[list[int]]
+    figures: dict[str, Any] = field(default_factory=dict)
+    matrix: tuple[list[int], np.ndarray] | None = None
+
+    def __post_init__(self) -> None:  # the members at decision time, not as clusters grow
+        self.members = [list(m) for m in self.members]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "round": self.round, "parent": self.parent,
+                "children": self.children, "sizes": [len(m) for m in self.members],
+                "members": self.members, **self.figures}
+
+    def to_state(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Decision:
+        return cls(**state)
 
 
 class Algorithm(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
+    needs_model: ClassVar[bool] = False  # needs `context.model` (refuses masking)
+    uses_ground_truth: ClassVar[bool] = False  # an evaluation reference, not a method
 
-    def __init__(self, params: BaseModel, num_clients: int, initial: torch.Tensor,
-                 update_size: int) -> None:
+    def __init__(self, params: BaseModel, context: AlgorithmContext) -> None:
         self.params = params
-        self.num_clients = num_clients
-        self.update_size = update_size
-        self.splits: list[dict[str, Any]] = []
-        self.split_matrices: list[tuple[list[int], Any]] = []
+        self.context = context
+        self.num_clients = context.num_clients
+        self.update_size = context.update_size
+        self.decisions: list[Decision] = []
 
     @abstractmethod
-    def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         """Tasks for the clients sampled in round `rnd`."""
 
     @abstractmethod
-    def aggregate_train(self, rnd: int, replies: list[TrainReply]) -> dict[str, Any]:
+    def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         """Update models/clusters from the replies; return round diagnostics (JSON-friendly)."""
 
     @abstractmethod
     def model_of(self, client: int) -> torch.Tensor:
-        """The model `client` uses for evaluation (clients of a cluster share one tensor)."""
+        """The model `client` uses for evaluation: its cluster's, a mixture or a personal one
+        (clients of a cluster share one tensor)."""
 
     @abstractmethod
     def clusters(self) -> list[list[int]]:
-        """The current partition of all clients."""
+        """The current hard partition of all clients (what ARI scores)."""
+
+    def memberships(self) -> np.ndarray | None:
+        """Soft membership (clients x clusters, rows sum to 1) for methods that have one."""
+        return None
 
     def num_clusters(self) -> int:
         """Clusters with a model of their own (clients waiting to be placed form none)."""
@@ -66,18 +133,26 @@ class Algorithm(ABC):
         """Clients that belong to no cluster yet (partial participation); none by default."""
         return []
 
-    def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
         """Extra tasks after the last round (e.g. fine-tuning); none by default."""
         return []
 
-    def finalize(self, replies: list[TrainReply]) -> None:  # noqa: B027 (optional hook)
+    def finalize(self, replies: list[Reply]) -> None:  # noqa: B027 (optional hook)
         """Consume the replies of `final_tasks`."""
 
     def tree(self) -> list[dict[str, Any]] | None:
         return None
 
-    @abstractmethod
-    def state_dict(self) -> dict[str, Any]: ...
+    def thresholds(self) -> list[dict[str, Any]]:
+        """The decision thresholds a report can draw: `statistic` (a per-cluster round figure
+        such as `pseudo_f` or `mean_norm`), `value` and `label`."""
+        return []
 
-    @abstractmethod
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def record(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decisions": [d.to_state() for d in self.decisions]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.decisions = [Decision.from_state(d) for d in state["decisions"]]

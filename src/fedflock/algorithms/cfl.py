@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedflock.algorithms.base import Cluster
+from fedflock.algorithms.base import Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.protocol import TrainReply
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import Gradient, Train
 from fedflock.clustering import ParameterTree, split_stats
 from fedflock.clustering.split_stats import SplitStats
 from fedflock.similarity import cosine_from_gram, gram_matrix
@@ -44,18 +45,28 @@ from fedflock.similarity import cosine_from_gram, gram_matrix
 
 class CFLParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    split_rule: Literal["auto", "eps"] = "auto"
-    warmup_rounds: int = Field(10, ge=0)
-    f_threshold: float = Field(3.5, gt=1.0)
-    patience: int = Field(3, ge=1)
-    eps1: float | None = Field(None, gt=0)
-    eps2: float | None = Field(None, gt=0)
-    gamma_check: bool | None = None  # default: on for `eps` (the paper), off for `auto`
-    linkage: Literal["single", "complete"] = "single"
-    min_cluster_size: int = Field(3, ge=2)
-    min_replies: int = Field(5, ge=2)
-    max_clusters: int | None = Field(None, ge=1)
-    update: Literal["weights", "gradients"] = "weights"
+    split_rule: Literal["auto", "eps"] = Field(
+        "auto", description="auto: scale-free pseudo-F of the bipartition; eps: the paper's "
+        "eps1/eps2 norms")
+    warmup_rounds: int = Field(10, ge=0, description="rounds of FedAvg before any split")
+    f_threshold: float = Field(3.5, gt=1.0, description="auto: pseudo-F a split must exceed")
+    patience: int = Field(3, ge=1, description="auto: rounds in a row above f_threshold")
+    eps1: float | None = Field(None, gt=0, description="eps: mean-update norm below which the "
+                               "cluster is near a stationary point")
+    eps2: float | None = Field(None, gt=0, description="eps: largest client-update norm above "
+                               "which clients still disagree")
+    gamma_check: bool | None = Field(
+        None, description="enforce gamma_max < sqrt((1 - alpha_cross_max) / 2) (default: on "
+        "for eps, as the paper; off for auto)")
+    linkage: Literal["single", "complete"] = Field(
+        "single", description="single: the paper's min-max cut; complete: the authors' code")
+    min_cluster_size: int = Field(3, ge=2, description="smallest cluster considered for a split")
+    min_replies: int = Field(5, ge=2, description="replies a round needs under partial "
+                             "participation to count")
+    max_clusters: int | None = Field(None, ge=1, description="stop splitting at this many")
+    update: Literal["weights", "gradients"] = Field(
+        "weights", description="weights: local SGD updates; gradients: one full-batch gradient "
+        "step (the paper's gradient variant)")
 
     @model_validator(mode="after")
     def _eps_given(self) -> CFLParams:
@@ -71,18 +82,23 @@ class CFL(ClusteredAlgorithm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.update_mode = "gradient" if self.params.update == "gradients" else "update"
         self.param_tree = ParameterTree()
         self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
+        self.history: dict[int, list[float]] = {}  # cluster -> split statistic per round
+
+    def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
+        if self.params.update == "gradients":
+            return Gradient(client, rnd, params)
+        return Train(client, rnd, params)
 
     def _fires(self, rnd: int, cluster: Cluster, stats: SplitStats) -> bool:
         p = self.params
         if p.split_rule == "eps":
             return stats.mean_norm < p.eps1 and stats.max_norm > p.eps2
-        recent = cluster.history[-p.patience :]
+        recent = self.history.get(cluster.id, [])[-p.patience :]
         return len(recent) == p.patience and min(recent) > p.f_threshold
 
-    def partition(self, rnd: int, cluster: Cluster, replies: list[TrainReply],
+    def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
                   diag: dict[str, Any]) -> list[list[int]] | None:
         p = self.params
         enough = len(replies) == len(cluster.members) or len(replies) >= p.min_replies
@@ -98,7 +114,7 @@ class CFL(ClusteredAlgorithm):
                     pseudo_f=round(stats.pseudo_f, 4), gap=round(stats.gap, 4))
         if rnd < p.warmup_rounds:
             return None
-        cluster.history.append(stats.pseudo_f)
+        self.history.setdefault(cluster.id, []).append(stats.pseudo_f)
         gamma_check = p.gamma_check if p.gamma_check is not None else p.split_rule == "eps"
         if not self._fires(rnd, cluster, stats):
             return None
@@ -114,13 +130,11 @@ class CFL(ClusteredAlgorithm):
             [(cid, part, updates[idx]) for cid, part, idx in
              zip(children, parts, [torch.tensor(x) for x in stats.parts], strict=True)],
         )
-        self.splits.append({"round": rnd, "parent": cluster.id, "children": children,
-                            "sizes": [len(x) for x in parts], "members": parts,
-                            **stats.figures()})
-        self.split_matrices.append((members, similarity))
+        self.record(Decision("split", rnd, cluster.id, children, parts, stats.figures(),
+                             (members, similarity)))
         return parts
 
-    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+    def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
         """Route a waiting client one level down the parameter tree by its update at the
         waiting model; it joins the child if that is a current cluster, else waits there."""
         node = self._unplaced[reply.client]
@@ -134,9 +148,18 @@ class CFL(ClusteredAlgorithm):
     def tree(self) -> list[dict[str, Any]]:
         return self.param_tree.describe()
 
+    def thresholds(self) -> list[dict[str, Any]]:
+        p = self.params
+        if p.split_rule == "eps":
+            return [{"statistic": "mean_norm", "value": p.eps1, "label": "eps1"},
+                    {"statistic": "max_norm", "value": p.eps2, "label": "eps2"}]
+        return [{"statistic": "pseudo_f", "value": p.f_threshold, "label": "split threshold"}]
+
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"tree": self.param_tree.to_dict()}
+        return super().state_dict() | {"tree": self.param_tree.to_dict(),
+                                       "history": self.history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.param_tree = ParameterTree.from_dict(state["tree"])
+        self.history = state["history"]

@@ -18,18 +18,16 @@ from typing import Any
 
 import torch
 
-from fedflock.algorithms.base import Algorithm, Cluster
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, Cluster
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import Train
 
 
 class ClusteredAlgorithm(Algorithm):
-    update_mode = "update"
-
-    def __init__(self, params: Any, num_clients: int, initial: torch.Tensor,
-                 update_size: int) -> None:
-        super().__init__(params, num_clients, initial, update_size)
+    def __init__(self, params: Any, context: AlgorithmContext) -> None:
+        super().__init__(params, context)
         self._clusters: list[Cluster] = [
-            Cluster(i, members, initial.clone())
+            Cluster(i, members, context.initial.clone())
             for i, members in enumerate(self.initial_clusters())
         ]
         self._next_id = len(self._clusters)
@@ -41,18 +39,21 @@ class ClusteredAlgorithm(Algorithm):
     def initial_clusters(self) -> list[list[int]]:
         return [list(range(self.num_clients))]
 
-    def partition(self, rnd: int, cluster: Cluster, replies: list[TrainReply],
+    def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
+        """What a member trains from its cluster's model (default: local SGD)."""
+        return Train(client, rnd, params)
+
+    def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
                   diag: dict[str, Any]) -> list[list[int]] | None:
         """Return new member lists to split `cluster` (None keeps it). `diag` collects figures."""
         return None
 
     # -- unplaced clients (subclasses that create them override the two hooks) --------------
-    def placement_task(self, rnd: int, client: int) -> TrainTask:
+    def placement_task(self, rnd: int, client: int) -> Task:
         """What an unplaced client must do to be placed; default: train the waiting model."""
-        model = self._waiting[self._unplaced[client]]
-        return TrainTask(client, model, rnd, self.update_mode)
+        return self.train_task(rnd, client, self._waiting[self._unplaced[client]])
 
-    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+    def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
         """(cluster the client joins, or None to keep it waiting; whether its update was computed
         on that cluster's current model and can be aggregated)."""
         raise NotImplementedError(f"{self.name} does not place clients")
@@ -84,7 +85,7 @@ class ClusteredAlgorithm(Algorithm):
         self._cluster_of[client] = cluster
         self._release(self._unplaced.pop(client))
 
-    def _place_replies(self, replies: list[TrainReply]) -> list[TrainReply]:
+    def _place_replies(self, replies: list[Reply]) -> list[Reply]:
         """Place the replying unplaced clients; return the replies to aggregate this round."""
         keep = []
         for r in replies:
@@ -98,10 +99,10 @@ class ClusteredAlgorithm(Algorithm):
                     keep.append(r)
         return keep
 
-    def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
         return [self.placement_task(rnd, c) for c in clients if c in self._unplaced]
 
-    def finalize(self, replies: list[TrainReply]) -> None:
+    def finalize(self, replies: list[Reply]) -> None:
         self._place_replies(replies)
 
     def _index_members(self) -> None:
@@ -112,15 +113,14 @@ class ClusteredAlgorithm(Algorithm):
         self._next_id += 1
         return cluster
 
-    def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         return [self.placement_task(rnd, c) if c in self._unplaced
-                else TrainTask(c, self._cluster_of[c].params, rnd, self.update_mode)
-                for c in clients]
+                else self.train_task(rnd, c, self._cluster_of[c].params) for c in clients]
 
-    def aggregate_train(self, rnd: int, replies: list[TrainReply]) -> dict[str, Any]:
+    def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         placed_before = len(self._unplaced)
         replies = self._place_replies(replies)
-        by_cluster: dict[int, list[TrainReply]] = {}
+        by_cluster: dict[int, list[Reply]] = {}
         for r in replies:
             by_cluster.setdefault(self._cluster_of[r.client].id, []).append(r)
         log: list[dict[str, Any]] = []
@@ -153,11 +153,11 @@ class ClusteredAlgorithm(Algorithm):
             out["unplaced"] = len(self._unplaced)
         return out
 
-    def combine(self, replies: list[TrainReply]) -> torch.Tensor:
+    def combine(self, replies: list[Reply]) -> torch.Tensor:
         """The cluster's update from its members' replies (FedAvg: example-weighted mean)."""
         return _weighted_mean([r.update for r in replies], replies)
 
-    def _apply(self, cluster: Cluster, replies: list[TrainReply]) -> torch.Tensor | None:
+    def _apply(self, cluster: Cluster, replies: list[Reply]) -> torch.Tensor | None:
         """Add the combined update of the replies to the cluster model; return it."""
         if not replies:
             return None
@@ -178,27 +178,24 @@ class ClusteredAlgorithm(Algorithm):
         return [sorted(c.members) for c in self._clusters] + list(waiting.values())
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        return super().state_dict() | {
             "clusters": [vars(c).copy() for c in self._clusters],
             "next_id": self._next_id,
-            "splits": self.splits,
-            "split_matrices": self.split_matrices,
             "unplaced": self._unplaced,
             "waiting": self._waiting,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self._clusters = [Cluster(**c) for c in state["clusters"]]
         self._next_id = state["next_id"]
-        self.splits = state["splits"]
-        self.split_matrices = state["split_matrices"]
         self._unplaced = state.get("unplaced", {})
         self._waiting = state.get("waiting", {})
         self._waiting_count = Counter(self._unplaced.values())
         self._index_members()
 
 
-def _weighted_mean(updates: list[torch.Tensor], replies: list[TrainReply]) -> torch.Tensor:
+def _weighted_mean(updates: list[torch.Tensor], replies: list[Reply]) -> torch.Tensor:
     """Example-weighted mean, accumulated row by row: every coordinate sees the same sequence of
     additions wherever it sits in the vector, so the result is exactly permutation-equivariant
     (a masked run aggregates bit for bit like a plain one; a fused reduction is not)."""

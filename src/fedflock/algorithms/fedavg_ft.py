@@ -9,12 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import Train
 
 
 class FineTuneParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    finetune_epochs: int = Field(3, ge=1)
+    finetune_epochs: int = Field(3, ge=1, description="local epochs of the final fine-tuning")
 
 
 @ALGORITHMS.register("fedavg_ft", "FedAvg, then each client fine-tunes the global model locally")
@@ -27,13 +28,13 @@ class FedAvgFineTune(ClusteredAlgorithm):
         self.personal: dict[int, torch.Tensor] = {}
         self.finetuned = False
 
-    def final_tasks(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
         if self.finetuned:
             return []
-        return [TrainTask(c, self.model_of(c), rnd, epochs=self.params.finetune_epochs)
+        return [Train(c, rnd, self.model_of(c), epochs=self.params.finetune_epochs)
                 for c in clients]
 
-    def finalize(self, replies: list[TrainReply]) -> None:
+    def finalize(self, replies: list[Reply]) -> None:
         self.personal = {r.client: self.model_of(r.client) + r.update for r in replies}
         self.finetuned = True
 

@@ -37,10 +37,11 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedflock.algorithms.base import Cluster
+from fedflock.algorithms.base import Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import Select
 from fedflock.clustering.communities import (
     affinity,
     cross_ratio,
@@ -87,7 +88,7 @@ class Incremental(ClusteredAlgorithm):
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
 
     # -- FedAvg phase ------------------------------------------------------------------------
-    def aggregate_train(self, rnd: int, replies: list[TrainReply]) -> dict[str, Any]:
+    def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered_round is not None:
             out = super().aggregate_train(rnd, replies)
             for diag in out["clusters"]:
@@ -146,18 +147,15 @@ class Incremental(ClusteredAlgorithm):
             if client not in seen:
                 self.wait(client, parent.id, parent.params)
         self._index_members()
-        self.splits.append({"round": rnd, "parent": parent.id,
-                            "children": [c.id for c in self._clusters],
-                            "sizes": [len(x) for x in parts], "members": parts,
-                            "modularity": round(modularity(weights, merged), 4),
-                            "cross_ratio": round(cross_ratio(weights, merged), 4),
-                            "unseen": self.num_clients - len(seen)})
-        if len(clients) <= MAX_SAVED_MATRIX:
-            self.split_matrices.append((clients, values.double().numpy()))
+        matrix = (clients, values.double().numpy()) if len(clients) <= MAX_SAVED_MATRIX else None
+        self.record(Decision("split", rnd, parent.id, [c.id for c in self._clusters], parts,
+                             {"modularity": round(modularity(weights, merged), 4),
+                              "cross_ratio": round(cross_ratio(weights, merged), 4),
+                              "unseen": self.num_clients - len(seen)}, matrix))
         self.store.release_updates()
 
     # -- clients never seen before clustering --------------------------------------------------
-    def configure_train(self, rnd: int, clients: list[int]) -> list[TrainTask]:
+    def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         if not self._ready_to_place(rnd):  # unplaced clients sit the round out
             clients = [c for c in clients if c not in self._unplaced]
         return super().configure_train(rnd, clients)
@@ -169,9 +167,9 @@ class Incremental(ClusteredAlgorithm):
             return True
         return all(self.trained_rounds.get(c.id, 0) >= p.placement_delay for c in self._clusters)
 
-    def placement_task(self, rnd: int, client: int) -> TrainTask:
+    def placement_task(self, rnd: int, client: int) -> Task:
         self._offered[client] = [c.id for c in self._clusters]
-        return TrainTask(client, self._cluster_models(), rnd, "select")
+        return Select(client, rnd, self._cluster_models(), criterion="accuracy")
 
     def _cluster_models(self) -> torch.Tensor:
         """The (K, P) stack of cluster models, built once while they stay the same: every
@@ -183,7 +181,7 @@ class Incremental(ClusteredAlgorithm):
             self._stack = (params, torch.stack(params))
         return self._stack[1]
 
-    def place(self, reply: TrainReply) -> tuple[Cluster | None, bool]:
+    def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
         offered = self._offered.pop(reply.client, [])
         if reply.choice is None or not 0 <= reply.choice < len(offered):
             return None, False

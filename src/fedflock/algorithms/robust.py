@@ -8,11 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.protocol import TrainReply
+from fedflock.client.task import Reply
 from fedflock.robust import coordinate_median, multi_krum, trimmed_mean
 
 
-def _stack(replies: list[TrainReply]) -> torch.Tensor:
+def _stack(replies: list[Reply]) -> torch.Tensor:
     return torch.stack([r.update for r in replies])
 
 
@@ -20,7 +20,7 @@ def _stack(replies: list[TrainReply]) -> torch.Tensor:
 class Median(ClusteredAlgorithm):
     name = "median"
 
-    def combine(self, replies: list[TrainReply]) -> torch.Tensor:
+    def combine(self, replies: list[Reply]) -> torch.Tensor:
         return coordinate_median(_stack(replies))
 
 
@@ -34,7 +34,7 @@ class TrimmedMean(ClusteredAlgorithm):
     name = "trimmed_mean"
     Params = TrimmedMeanParams
 
-    def combine(self, replies: list[TrainReply]) -> torch.Tensor:
+    def combine(self, replies: list[Reply]) -> torch.Tensor:
         return trimmed_mean(_stack(replies), self.params.beta)
 
 
@@ -54,7 +54,7 @@ class Krum(ClusteredAlgorithm):
     name = "krum"
     Params = KrumParams
 
-    def combine(self, replies: list[TrainReply]) -> torch.Tensor:
+    def combine(self, replies: list[Reply]) -> torch.Tensor:
         n = len(replies)
         f = int(self.params.byzantine * n)
         return multi_krum(_stack(replies), f, self.params.selected or n - f)

@@ -14,29 +14,32 @@ import os
 from abc import ABC, abstractmethod
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedflock.client.protocol import TrainReply, TrainTask
 from fedflock.client.runtime import ClientRuntime
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import Train
 from fedflock.client.training import batch_schedule, sgd_step
 from fedflock.errors import ConfigError
 from fedflock.registry import Registry
 
 
 class Executor(ABC):
+    """Runs the tasks of a round on a `ClientRuntime`. Every executor runs every task kind
+    (`Task.run`); `accelerates` says which tasks it runs by a faster path of its own."""
+
     name: str
 
     def __init__(self, runtime: ClientRuntime, workers: int | None = None) -> None:
         self.runtime = runtime
 
-    @abstractmethod
-    def train(self, tasks: list[TrainTask]) -> list[TrainReply]:
-        """Replies in the order of `tasks`."""
+    def accelerates(self, task: Task) -> bool:
+        """Whether this executor has a path of its own for `task` (else `Task.run`)."""
+        return False
 
-    def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-        """(accuracy, loss) of each client's model on its own held-out data."""
-        return self.runtime.evaluate(models)
+    @abstractmethod
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        """Replies in the order of `tasks`."""
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release workers; safe to call twice."""
@@ -55,8 +58,8 @@ EXECUTORS: Registry[type[Executor]] = Registry("executor")
 class SequentialExecutor(Executor):
     name = "sequential"
 
-    def train(self, tasks: list[TrainTask]) -> list[TrainReply]:
-        return self.runtime.train_many(tasks)
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        return self.runtime.run(tasks)
 
 
 _worker_runtime: ClientRuntime | None = None
@@ -66,14 +69,9 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def _worker_train(tasks: list[TrainTask]) -> list[TrainReply]:
+def _worker_run(tasks: list[Task]) -> list[Reply]:
     assert _worker_runtime is not None
-    return _worker_runtime.train_many(tasks)
-
-
-def _worker_evaluate(models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-    assert _worker_runtime is not None
-    return _worker_runtime.evaluate(models)
+    return _worker_runtime.run(tasks)
 
 
 def available_cores() -> int:
@@ -94,8 +92,15 @@ class ProcessExecutor(Executor):
         _worker_runtime = runtime  # inherited by the forked workers: data is never pickled
         self._pool = mp.get_context("fork").Pool(self.workers, initializer=_worker_init)
 
-    def _chunks(self, tasks: list[TrainTask]) -> list[list[int]]:
-        """Longest-processing-time split of task positions, balanced by example counts."""
+    def _chunks(self, tasks: list[Task]) -> list[list[int]]:
+        """Task positions per worker: contiguous shares when the tasks share work (clients of
+        one cluster stay together; a shared model tensor is pickled once per worker, as pickle
+        keeps shared objects shared), else a longest-processing-time split balanced by
+        example counts."""
+        if all(type(t).shares_work for t in tasks):
+            share = -(-len(tasks) // self.workers)
+            return [list(range(i, min(i + share, len(tasks))))
+                    for i in range(0, len(tasks), share)]
         loads = [0] * self.workers
         chunks: list[list[int]] = [[] for _ in range(self.workers)]
         order = sorted(range(len(tasks)), key=lambda i: -self.runtime.num_examples(tasks[i].client))
@@ -105,26 +110,16 @@ class ProcessExecutor(Executor):
             loads[w] += self.runtime.num_examples(tasks[i].client)
         return [sorted(c) for c in chunks if c]
 
-    def train(self, tasks: list[TrainTask]) -> list[TrainReply]:
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        if not tasks:
+            return []
         chunks = self._chunks(tasks)
-        results = self._pool.map(_worker_train, [[tasks[i] for i in c] for c in chunks])
-        replies: list[TrainReply | None] = [None] * len(tasks)
+        results = self._pool.map(_worker_run, [[tasks[i] for i in c] for c in chunks])
+        replies: list[Reply | None] = [None] * len(tasks)
         for positions, chunk_replies in zip(chunks, results, strict=True):
             for i, reply in zip(positions, chunk_replies, strict=True):
                 replies[i] = reply
         return replies  # type: ignore[return-value]
-
-    def evaluate(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-        """Clients split over the workers; a cluster's model tensor is pickled once per worker
-        (pickle keeps shared objects shared), so workers still evaluate a cluster in one pass."""
-        clients = sorted(models)
-        share = -(-len(clients) // self.workers)
-        chunks = [{c: models[c] for c in clients[i : i + share]}
-                  for i in range(0, len(clients), share)]
-        out: dict[int, tuple[float, float]] = {}
-        for part in self._pool.map(_worker_evaluate, chunks):
-            out.update(part)
-        return out
 
     def close(self) -> None:
         if self._pool is not None:
@@ -147,30 +142,33 @@ class BatchedExecutor(Executor):
 
         def loss(params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             logits = functional_call(runtime.model, params, (x,))
-            ce = F.cross_entropy(logits, y, reduction="none")
+            ce = runtime.objective.losses(logits, y)
             return (ce * w).sum() / w.sum().clamp_min(1.0)
 
         self._grad = vmap(grad(loss, has_aux=False))
         self._loss = vmap(loss)
 
-    def train(self, tasks: list[TrainTask]) -> list[TrainReply]:
+    def accelerates(self, task: Task) -> bool:
+        return isinstance(task, Train) and task.plain
+
+    def run(self, tasks: list[Task]) -> list[Reply]:
         rt = self.runtime
-        plain = [i for i, t in enumerate(tasks) if t.mode != "update"]
-        batched = [i for i, t in enumerate(tasks) if t.mode == "update"]
-        replies: list[TrainReply | None] = [None] * len(tasks)
-        for i in plain:
-            replies[i] = rt.train(tasks[i])
+        batched = [i for i, t in enumerate(tasks) if self.accelerates(t)]
+        other = [i for i, t in enumerate(tasks) if not self.accelerates(t)]
+        replies: list[Reply | None] = [None] * len(tasks)
+        for i, reply in zip(other, rt.run([tasks[i] for i in other]), strict=True):
+            replies[i] = reply
         if batched:
             for i, reply in zip(batched, self._train_batched([tasks[i] for i in batched]),
                                 strict=True):
                 replies[i] = reply
         return replies  # type: ignore[return-value]
 
-    def _train_batched(self, tasks: list[TrainTask]) -> list[TrainReply]:
+    def _train_batched(self, tasks: list[Train]) -> list[Reply]:
         rt, cfg = self.runtime, self.runtime.training
         data = [rt.data.clients[t.client] for t in tasks]
-        starts = torch.stack([rt.receive(t.params).to(rt.dtype) for t in tasks])
-        schedules = [batch_schedule(d.num_train, cfg, rt.task_seed(t), t.epochs)
+        starts = torch.stack([rt.receive(t.params) for t in tasks])
+        schedules = [batch_schedule(d.num_train, cfg, rt.task_seed(t, t.salt), t.epochs)
                      for t, d in zip(tasks, data, strict=True)]
         steps = max(len(s) for s in schedules)
         width = max(len(b) for s in schedules for b in s)
@@ -206,7 +204,8 @@ class BatchedExecutor(Executor):
         updates[:, : rt.spec.num_trainable] = final - starts[:, : rt.spec.num_trainable]
         counts = torch.tensor([len(sch) for sch in schedules], dtype=rt.dtype)
         return [
-            TrainReply(t.client, rt.send(updates[i]), d.num_train, float(loss_sum[i] / counts[i]))
+            Reply(t.client, {"update": rt.send(updates[i])},
+                  {"loss": float(loss_sum[i] / counts[i])}, d.num_train)
             for i, (t, d) in enumerate(zip(tasks, data, strict=True))
         ]
 

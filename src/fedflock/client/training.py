@@ -7,11 +7,12 @@ and the batched (`torch.func.vmap`) executor run literally the same arithmetic.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from fedflock.client.objectives import Classification, Objective
 from fedflock.config import TrainingConfig
 from fedflock.models.flat import FlatSpec
 
@@ -49,18 +50,51 @@ def sgd_step(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None,
     return param - cfg.lr * d, buf
 
 
+@dataclass(frozen=True)
+class Proximal:
+    """A proximal term mu/2 * sum_k w_k ||theta - c_k||^2 on the trainable parameters (FedProx:
+    one centre, the model received; FedSoft: the cluster models weighted by importance)."""
+
+    mu: float
+    centres: torch.Tensor  # (K, P) flat vectors; only the trainable block is used
+    weights: torch.Tensor  # (K,)
+
+    def gradients(self, spec: FlatSpec, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """d/dtheta of the term for every trainable tensor: mu * sum_k w_k (theta - c_k)."""
+        w = self.weights.to(params[0].dtype)
+        pulled = (w[:, None] * self.centres.to(params[0].dtype)).sum(0)
+        parts = spec.split(pulled)
+        total = float(w.sum())
+        return [self.mu * (total * p - parts[n]) for n, p in zip(spec.names, params,
+                                                                 strict=False)]
+
+
 def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.Tensor,
-                y: torch.Tensor, cfg: TrainingConfig, seed: int, epochs: int | None = None
-                ) -> tuple[torch.Tensor, float]:
-    """Local SGD from `start`; returns (weight-update, mean training loss)."""
+                y: torch.Tensor, cfg: TrainingConfig, seed: int, epochs: int | None = None,
+                objective: Objective | None = None, sample_weights: torch.Tensor | None = None,
+                proximal: Proximal | None = None) -> tuple[torch.Tensor, float]:
+    """Local SGD from `start`; returns (weight-update, mean training loss).
+
+    `sample_weights` (one per training sample) weight the per-sample losses of a batch (their
+    batch mean, as FedRC's responsibility-weighted loss); `proximal` adds its term's gradient.
+    """
+    objective = objective or Classification()
     spec.load(model, start)
     model.train()
     params = [p for p in model.parameters()]
     bufs: list[torch.Tensor | None] = [None] * len(params)
     losses = []
     for idx in batch_schedule(len(y), cfg, seed, epochs):
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        outputs = model(x[idx])
+        if sample_weights is None:
+            loss = objective.loss(outputs, y[idx])
+        else:
+            loss = (objective.losses(outputs, y[idx]) * sample_weights[idx]).mean()
         grads = torch.autograd.grad(loss, params)
+        if proximal is not None:
+            with torch.no_grad():
+                grads = tuple(g + q for g, q in zip(grads, proximal.gradients(spec, params),
+                                                    strict=True))
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(params, grads, strict=True)):
                 new, bufs[i] = sgd_step(p, g, bufs[i], cfg)
@@ -70,11 +104,13 @@ def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.
 
 
 def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.Tensor,
-                  y: torch.Tensor, cfg: TrainingConfig) -> tuple[torch.Tensor, float]:
+                  y: torch.Tensor, cfg: TrainingConfig, objective: Objective | None = None
+                  ) -> tuple[torch.Tensor, float]:
     """-lr times the full-batch gradient at `start` (buffers unchanged)."""
+    objective = objective or Classification()
     spec.load(model, start)
     model.eval()  # BN uses its running statistics: the gradient of the model as sent
-    loss = F.cross_entropy(model(x), y)
+    loss = objective.loss(model(x), y)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     update = torch.zeros_like(start)
     update[: spec.num_trainable] = -cfg.lr * torch.cat([g.reshape(-1) for g in grads])
@@ -82,15 +118,32 @@ def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torc
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 256
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample (predicted class, loss) of `model` in eval mode."""
+def sample_stats(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
+                 chunk: int = 256) -> dict[str, torch.Tensor]:
+    """The objective's per-sample statistics of `model` (eval mode) on (x, y), in chunks."""
+    model.eval()
+    parts = [objective.sample_stats(model(x[s : s + chunk]), y[s : s + chunk])
+             for s in range(0, len(y), chunk)]
+    if not parts:  # no samples: the objective reports NaN metrics
+        return {}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+@torch.no_grad()
+def sample_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
+                  chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample (prediction, loss) of `model` in eval mode."""
     model.eval()
     predicted, losses = [], []
     for s in range(0, len(y), chunk):
-        logits = model(x[s : s + chunk])
-        predicted.append(logits.argmax(1))
-        losses.append(F.cross_entropy(logits, y[s : s + chunk], reduction="none"))
+        outputs = model(x[s : s + chunk])
+        predicted.append(objective.predict(outputs))
+        losses.append(objective.losses(outputs, y[s : s + chunk]))
     if not predicted:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0)
     return torch.cat(predicted), torch.cat(losses)
+
+
+def eval_layout(x: torch.Tensor) -> torch.Tensor:
+    """Images in the channels-last layout of the evaluation copy of the model."""
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fedflock.config import DataConfig, ScenarioConfig
 from fedflock.data.datasets import Dataset, load_dataset
+from fedflock.data.spec import DataSpec
 from fedflock.errors import ConfigError
 
 SHIFTS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew")
@@ -76,6 +77,12 @@ class FederatedData:
     num_classes: int
     input_shape: tuple[int, ...]
     dataset: str
+    objective: str = "classification"
+    vocab_size: int | None = None
+
+    @property
+    def spec(self) -> DataSpec:
+        return DataSpec(self.input_shape, self.num_classes, self.objective, self.vocab_size)
 
 
 class _Stream:

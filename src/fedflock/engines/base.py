@@ -1,11 +1,14 @@
 """What every engine does: move tasks to clients and replies back, and nothing else.
 
-The round logic shared by all engines lives here (ask the algorithm for tasks, run them, hand the
-replies back, evaluate); an engine only says how tasks and models reach the clients.
+The round logic shared by all engines lives here (ask the algorithm for tasks, run them, check and
+hand the replies back, evaluate); an engine only says how tasks reach the clients. Every reply is
+checked by the task it answers (`Task.check`) before any algorithm sees it: a refused reply is
+logged with its reason and the round goes on without it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -14,10 +17,14 @@ import numpy as np
 import torch
 
 from fedflock.algorithms.base import Algorithm
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import InvalidReply, Reply, Task
+from fedflock.client.tasks import Evaluate
+from fedflock.data.spec import DataSpec
+from fedflock.models import ModelHandle
 from fedflock.robust import Adversary
 
 MAX_FINAL_STEPS = 32  # final task rounds (e.g. one per level of a parameter tree)
+log = logging.getLogger("fedflock.engine")
 
 
 class Engine(ABC):
@@ -45,18 +52,25 @@ class Engine(ABC):
 
     @property
     @abstractmethod
+    def data_spec(self) -> DataSpec: ...
+
+    @property
+    @abstractmethod
     def executor_name(self) -> str: ...
 
     @abstractmethod
-    def initial_params(self) -> torch.Tensor: ...
+    def initial_models(self, count: int) -> torch.Tensor:
+        """`count` distinct agreed initial models (K, P), as the server holds them (masked when
+        the clients mask); the first row is the run's initial model."""
 
     @abstractmethod
-    def run_tasks(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
-        """Replies of the clients that answered (a subset of the tasks' clients)."""
+    def model_handle(self) -> ModelHandle | None:
+        """Build/describe the model behind the vectors; None when the clients mask them."""
 
     @abstractmethod
-    def evaluate_models(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-        """(accuracy, loss) per client that answered."""
+    def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        """Replies of the clients that answered (a subset of the tasks' clients); replies that
+        could not even be decoded are refused here (`refuse`)."""
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release workers or connections."""
@@ -67,16 +81,38 @@ class Engine(ABC):
         samples); None where the engine cannot see client data (Flower)."""
         return None
 
-    def exchange(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
-        """Send tasks, collect replies (malicious ones poisoned), count floats each way and the
-        clients that did not answer."""
+    # -- the shared round logic --------------------------------------------------------------
+    def refuse(self, rnd: int, client: int, reason: str) -> None:
+        self.rejected.append({"round": rnd, "client": client, "reason": reason})
+        log.warning("round %d: refused the reply of client %d: %s", rnd, client, reason)
+
+    def accept(self, rnd: int, tasks: list[Task], replies: list[Reply]) -> list[Reply]:
+        """The replies their task accepts (one task per client); the others are refused."""
+        by_client = {t.client: t for t in tasks}
+        kept = []
+        for reply in replies:
+            task = by_client.get(reply.client)
+            if task is None:
+                self.refuse(rnd, reply.client, "a reply to no task")
+                continue
+            try:
+                task.check(reply)
+            except InvalidReply as err:
+                self.refuse(rnd, reply.client, str(err))
+                continue
+            kept.append(reply)
+        return kept
+
+    def exchange(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        """Send tasks, collect the replies (malicious ones poisoned on their way: the server
+        checks what arrives), keep those their task accepts, count floats each way (every
+        tensor of every task and accepted reply) and the clients that did not answer."""
         replies = self.run_tasks(rnd, tasks)
         if self.adversary is not None:
             replies = self.adversary(rnd, replies)
-        self.communication["down_floats"] += sum(int(t.params.numel()) for t in tasks)
-        self.communication["up_floats"] += sum(
-            int(r.update.numel()) + (0 if r.payload is None else int(r.payload.numel()))
-            for r in replies)
+        replies = self.accept(rnd, tasks, replies)
+        self.communication["down_floats"] += sum(t.num_floats for t in tasks)
+        self.communication["up_floats"] += sum(r.num_floats for r in replies)
         answered = {r.client for r in replies}
         for task in tasks:
             if task.client not in answered:
@@ -93,7 +129,7 @@ class Engine(ABC):
         t2 = time.perf_counter()
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()
-        losses = [r.loss for r in replies]
+        losses = [r.loss for r in replies if "loss" in r.metrics]
         diagnostics["train_loss"] = round(sum(losses) / max(1, len(losses)), 6)
         return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
 
@@ -112,5 +148,11 @@ class Engine(ABC):
                 break
         return ran
 
-    def evaluate(self, algorithm: Algorithm) -> dict[int, tuple[float, float]]:
-        return self.evaluate_models({c: algorithm.model_of(c) for c in range(self.num_clients)})
+    def evaluate(self, algorithm: Algorithm, rnd: int = 0) -> dict[int, dict[str, float]]:
+        """Named metrics of every client that answered, each scored on its own held-out data
+        with its own model (`algorithm.model_of`). Evaluation is the experimenter's measurement:
+        it is not counted as communication."""
+        tasks: list[Task] = [Evaluate(c, rnd, algorithm.model_of(c))
+                             for c in range(self.num_clients)]
+        replies = self.accept(rnd, tasks, self.run_tasks(rnd, tasks))
+        return {r.client: r.metrics for r in sorted(replies, key=lambda r: r.client)}

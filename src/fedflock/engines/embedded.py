@@ -6,11 +6,14 @@ import numpy as np
 import torch
 
 from fedflock.client.executors import Executor, choose_executor
-from fedflock.client.protocol import TrainReply, TrainTask
 from fedflock.client.runtime import ClientRuntime
+from fedflock.client.task import Reply, Task
+from fedflock.client.tasks import attack_success
 from fedflock.config import ExperimentConfig
 from fedflock.data.scenarios import build_federated_data
+from fedflock.data.spec import DataSpec
 from fedflock.engines.base import Engine
+from fedflock.models import ModelHandle
 
 
 class EmbeddedEngine(Engine):
@@ -42,21 +45,25 @@ class EmbeddedEngine(Engine):
         return self.runtime.data.groups
 
     @property
+    def data_spec(self) -> DataSpec:
+        return self.runtime.data_spec
+
+    @property
     def executor_name(self) -> str:
         return self.executor.name
 
-    def initial_params(self) -> torch.Tensor:
-        return self.runtime.initial_params()
+    def initial_models(self, count: int) -> torch.Tensor:
+        return self.runtime.initial_models(count)
 
-    def run_tasks(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
-        return self.executor.train(tasks)
+    def model_handle(self) -> ModelHandle | None:
+        return None if self.runtime.mask is not None else self.runtime.model_handle()
 
-    def evaluate_models(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-        return self.executor.evaluate(models)
+    def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        return self.executor.run(tasks)
 
     def attack_success(self, models: dict[int, torch.Tensor], label_map: dict[int, int]
                        ) -> dict[int, tuple[int, int]]:
-        return self.runtime.attack_success(models, label_map)
+        return attack_success(self.runtime, models, label_map)
 
     def close(self) -> None:
         self.executor.close()

@@ -1,4 +1,4 @@
-"""The models a config can name. Each builder takes (input shape, classes, model config)."""
+"""The models a config can name. Each builder takes the data description and the model config."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from collections.abc import Callable
 from torch import nn
 
 from fedflock.config import ModelConfig
+from fedflock.data.spec import DataSpec
 from fedflock.registry import Registry
 
-Builder = Callable[[tuple[int, ...], int, ModelConfig], nn.Module]
+Builder = Callable[[DataSpec, ModelConfig], nn.Module]
 MODELS: Registry[Builder] = Registry("model")
 
 
 @MODELS.register("mlp", "multi-layer perceptron, hidden sizes from model.hidden (default 100)")
-def mlp(shape: tuple[int, ...], classes: int, cfg: ModelConfig) -> nn.Module:
+def mlp(data: DataSpec, cfg: ModelConfig) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
-    width = math.prod(shape)
+    width, classes = math.prod(data.input_shape), data.num_classes
     for h in cfg.hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
@@ -42,18 +43,18 @@ def _conv_stack(shape: tuple[int, ...], classes: int, batch_norm: bool) -> nn.Mo
 
 
 @MODELS.register("cnn", "small ConvNet: two 3x3 conv + max-pool blocks, linear head")
-def cnn(shape: tuple[int, ...], classes: int, cfg: ModelConfig) -> nn.Module:
-    return _conv_stack(shape, classes, batch_norm=False)
+def cnn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    return _conv_stack(data.input_shape, data.num_classes, batch_norm=False)
 
 
 @MODELS.register("cnn_bn", "the small ConvNet with BatchNorm after each conv (for DistFL)")
-def cnn_bn(shape: tuple[int, ...], classes: int, cfg: ModelConfig) -> nn.Module:
-    return _conv_stack(shape, classes, batch_norm=True)
+def cnn_bn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    return _conv_stack(data.input_shape, data.num_classes, batch_norm=True)
 
 
 @MODELS.register("cfl_cnn", "the CFL paper's 5-layer CIFAR ConvNet (3 conv + 2 dense)")
-def cfl_cnn(shape: tuple[int, ...], classes: int, cfg: ModelConfig) -> nn.Module:
-    channels, height, _ = shape
+def cfl_cnn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    (channels, height, _), classes = data.input_shape, data.num_classes
     side = height // 8
     return nn.Sequential(
         nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -65,5 +66,5 @@ def cfl_cnn(shape: tuple[int, ...], classes: int, cfg: ModelConfig) -> nn.Module
     )
 
 
-def build_model(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Module:
-    return MODELS.get(cfg.name)(shape, classes, cfg)
+def build_model(cfg: ModelConfig, data: DataSpec) -> nn.Module:
+    return MODELS.get(cfg.name)(data, cfg)

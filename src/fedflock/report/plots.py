@@ -159,18 +159,15 @@ def plot_compare_accuracy(data: CompareData, path: Path) -> Path | None:
 
 
 # -- split diagnostics ---------------------------------------------------------------------
-def _algorithm_params(run: RunData) -> dict[str, Any]:
-    """The run's algorithm parameters with the algorithm's defaults filled in (best effort)."""
-    raw = run.config.get("algorithm") or {}
-    if not isinstance(raw, dict):
-        return {}
-    try:
-        from fedflock.algorithms import validate_params
-        from fedflock.config import AlgorithmConfig
-
-        return validate_params(AlgorithmConfig.model_validate(raw)).model_dump()
-    except (FedflockError, ValueError, TypeError, KeyError):
-        return dict(raw)
+def _thresholds(run: RunData, statistic: str) -> list[tuple[str, float]]:
+    """(label, value) of the decision thresholds the run's algorithm declared on `statistic`
+    (summary.json `thresholds`): the report draws them without knowing the algorithm."""
+    out = []
+    for t in run.summary.get("thresholds") or []:
+        value = finite(t.get("value")) if isinstance(t, dict) else None
+        if value is not None and t.get("statistic") == statistic:
+            out.append((str(t.get("label") or statistic), value))
+    return out
 
 
 def norm_series(run: RunData) -> dict[int, dict[str, list[float]]]:
@@ -205,9 +202,6 @@ def plot_norms(run: RunData, path: Path) -> Path | None:
     if not any(s["round"] for s in series.values()):
         return None
     has_f = any(s["f"] for s in series.values())
-    # Filling in defaults imports the algorithms (and torch): only when thresholds can apply.
-    raw = run.config.get("algorithm") or {}
-    params = _algorithm_params(run) if has_f or "split_rule" in raw else {}
     legend_clusters = len(series) <= MAX_LEGEND_CLUSTERS
     with _style():
         fig = Figure(figsize=(6.8, 6.4 if has_f else 4.2))
@@ -223,13 +217,11 @@ def plot_norms(run: RunData, path: Path) -> Path | None:
         handles += [Line2D([], [], color="0.2", linewidth=1.8, label=r"$\|$mean update$\|$"),
                     Line2D([], [], color="0.2", linestyle="--", linewidth=1.4,
                            label=r"max client $\|$update$\|$")]
-        if params.get("split_rule") == "eps":
-            for key, style in (("eps1", "-."), ("eps2", (0, (1, 3)))):
-                value = finite(params.get(key))
-                if value is not None:
-                    ax.axhline(value, color="0.5", linestyle=style, linewidth=1.0)
-                    handles.append(Line2D([], [], color="0.5", linestyle=style, linewidth=1.0,
-                                          label=rf"$\varepsilon_{key[-1]}$ = {value:g}"))
+        for statistic, style in (("mean_norm", "-."), ("max_norm", (0, (1, 3)))):
+            for label, value in _thresholds(run, statistic):
+                ax.axhline(value, color="0.5", linestyle=style, linewidth=1.0)
+                handles.append(Line2D([], [], color="0.5", linestyle=style, linewidth=1.0,
+                                      label=f"{label} = {value:g}"))
         split = _mark_splits(ax, run.split_rounds)
         for other in axes[1:]:
             _mark_splits(other, run.split_rounds)
@@ -243,11 +235,10 @@ def plot_norms(run: RunData, path: Path) -> Path | None:
             for i, s in enumerate(series.values()):
                 fax.plot(s["f_round"], s["f"], color=colour(i), linewidth=1.6, marker=marker,
                          markersize=3)
-            threshold = finite(params.get("f_threshold"))
-            if params.get("split_rule", "auto") == "auto" and threshold is not None:
+            for label, threshold in _thresholds(run, "pseudo_f"):
                 fax.axhline(threshold, color="0.3", linestyle="-.", linewidth=1.0)
                 fax.legend(handles=[Line2D([], [], color="0.3", linestyle="-.", linewidth=1.0,
-                                           label=f"split threshold {threshold:g}")],
+                                           label=f"{label} {threshold:g}")],
                            loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
             fax.set(ylabel="pseudo-F of best bipartition")
             fax.set_ylim(bottom=0)

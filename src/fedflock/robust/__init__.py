@@ -1,17 +1,15 @@
-"""Attacks (malicious clients) and the robust aggregation rules defending against them."""
+"""Attacks (model poisoning by malicious clients) and the robust aggregation rules defending
+against them. Who is malicious, and data poisoning, live with the data
+(`fedflock.data.poisoning`)."""
 
 from fedflock.robust.aggregators import coordinate_median, krum_scores, multi_krum, trimmed_mean
 from fedflock.robust.attacks import POISONINGS, Adversary
-from fedflock.robust.malicious import check_label_map, flip_labels, malicious_clients
 
 __all__ = [
     "POISONINGS",
     "Adversary",
-    "check_label_map",
     "coordinate_median",
-    "flip_labels",
     "krum_scores",
-    "malicious_clients",
     "multi_krum",
     "trimmed_mean",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedflock.client.protocol import TrainReply
+from fedflock.client.task import Reply
 from fedflock.config import AttackConfig
 from fedflock.registry import Registry
 
@@ -75,8 +75,9 @@ class Adversary:
         self.update_size = update_size
         self.poison = POISONINGS.get(attack.kind) if attack.poisons_model else None
 
-    def __call__(self, rnd: int, replies: list[TrainReply]) -> list[TrainReply]:
-        bad = [i for i, r in enumerate(replies) if r.client in self.malicious]
+    def __call__(self, rnd: int, replies: list[Reply]) -> list[Reply]:
+        bad = [i for i, r in enumerate(replies)
+               if r.client in self.malicious and "update" in r.tensors]
         if self.poison is None or not bad or rnd < self.attack.start_round:
             return replies
         gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, 9, rnd])
@@ -90,6 +91,5 @@ class Adversary:
             r = replies[i]
             update = r.update.clone()
             update[:size] = poisoned[row]
-            out[i] = TrainReply(r.client, update, r.num_examples, r.loss, r.metrics, r.payload,
-                                r.choice)
+            out[i] = r.with_tensors(update=update)
         return out

@@ -10,23 +10,23 @@ that the server refuses it.
 
 from __future__ import annotations
 
+import json
+
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedflock.client.runtime import ClientRuntime
 from fedflock.config import dump_config
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.codec import (
-    PARAMS,
-    record_vector,
+    PREFIX,
     reply_content,
-    task_from_content,
-    vector_record,
+    task_from_message,
+    tensors_record,
 )
 from fedflock.engines.flower.settings import experiment_config
 
-app = ClientApp()
 _runtimes: dict[str, ClientRuntime] = {}
 
 
@@ -44,70 +44,44 @@ def _runtime(context: Context) -> tuple[ClientRuntime, int]:
     return _runtimes[key], int(context.node_config["partition-id"])
 
 
-@app.train()
-def train(message: Message, context: Context) -> Message:
+def handle_task(message: Message, context: Context) -> Message:
+    """The one handler of every task kind (`train.<kind>`): decode, run, encode."""
     runtime, client = _runtime(context)
-    reply = runtime.train(task_from_content(message.content, client))
+    reply = runtime.run([task_from_message(message, client)])[0]
     fault = str(context.node_config.get("fault", ""))
-    if fault == "nan":
-        reply.update = torch.full_like(reply.update, float("nan"))
-    elif fault == "shape":
-        reply.update = reply.update[:-1]
+    if fault and "update" in reply.tensors:
+        update = reply.update
+        reply = reply.with_tensors(update=torch.full_like(update, float("nan"))
+                                   if fault == "nan" else update[:-1])
     return Message(reply_content(reply), reply_to=message)
 
 
-@app.evaluate()
-def evaluate(message: Message, context: Context) -> Message:
-    runtime, client = _runtime(context)
-    accuracy, loss = runtime.evaluate({client: record_vector(message.content, PARAMS)})[client]
-    metrics = MetricRecord({"client": client, "accuracy": accuracy, "loss": loss})
-    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+class TaskClientApp(ClientApp):
+    """A ClientApp that routes every `train.<kind>` message to `handle_task`, so a task kind
+    registered later (a plugin's) needs no handler of its own."""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        if message.metadata.message_type.startswith(PREFIX):
+            return handle_task(message, context)
+        return super().__call__(message, context)
+
+
+app = TaskClientApp()
 
 
 @app.query()
 def query(message: Message, context: Context) -> Message:
-    """Who am I: partition id, example count, hidden group (evaluation only), model layout, and
-    the agreed initial model (masked when masking is on) when the server asks for it."""
+    """Who am I: partition id, example count, hidden group (evaluation only), model layout, data
+    description, whether this node masks, and the agreed initial model(s) (masked when masking
+    is on) when the server asks for them (`initial-models`: how many)."""
     runtime, client = _runtime(context)
     info = {"client": client, "num-examples": runtime.num_examples(client),
             "group": int(runtime.data.groups[client]),
-            "update-size": runtime.spec.num_trainable}
+            "update-size": runtime.spec.num_trainable,
+            "data": json.dumps(runtime.data_spec.to_dict()),
+            "masked": runtime.mask is not None}
     content = RecordDict({"info": ConfigRecord(info)})
-    if int(message.content.config_records["ask"]["initial-params"]):
-        content[PARAMS] = vector_record(PARAMS, runtime.initial_params())
-    else:
-        content[PARAMS] = ArrayRecord()
+    count = int(message.content.config_records["ask"]["initial-models"])
+    content["models"] = (tensors_record({"models": runtime.initial_models(count)}) if count
+                         else ArrayRecord())
     return Message(content, reply_to=message)
-
-
-# Custom actions (`train.<action>`) for tasks other algorithms ask of clients. Each takes the
-# inputs in the message's `inputs` ArrayRecord and answers with `outputs`.
-def _answer(message: Message, key: str, value: torch.Tensor) -> Message:
-    return Message(RecordDict({"outputs": vector_record(key, value)}), reply_to=message)
-
-
-def _input(message: Message, key: str) -> torch.Tensor:
-    return torch.from_numpy(message.content.array_records["inputs"][key].numpy().copy())
-
-
-@app.train("losses")
-def losses(message: Message, context: Context) -> Message:
-    """Loss of each of K models (`inputs.models`, shape (K, P)) on this client's data."""
-    runtime, client = _runtime(context)
-    return _answer(message, "losses", runtime.losses(client, _input(message, "models")))
-
-
-@app.train("basis")
-def basis(message: Message, context: Context) -> Message:
-    """Top-`rank` singular vectors of this client's data (`config.rank`)."""
-    runtime, client = _runtime(context)
-    rank = int(message.content.config_records["config"]["rank"])
-    return _answer(message, "basis", runtime.basis(client, rank))
-
-
-@app.train("responses")
-def responses(message: Message, context: Context) -> Message:
-    """Softmax responses of the sent model (`inputs.params`) to the sent `inputs.inputs`."""
-    runtime, _ = _runtime(context)
-    out = runtime.responses(_input(message, "params"), _input(message, "inputs"))
-    return _answer(message, "responses", out)

@@ -1,75 +1,79 @@
-"""fedflock tasks and replies as Flower message contents, with validation of what comes back."""
+"""Any fedflock task and reply as a Flower message, generically.
+
+A task travels as message type `train.<kind>` with its tensors in the ArrayRecord `tensors`, its
+options in the ConfigRecord `options` and its address (client, round) in the ConfigRecord `task`.
+A reply: tensors in `tensors`, metrics in the MetricRecord `metrics`, client and example count in
+the ConfigRecord `reply`. The codec knows no task kind; the task registry rebuilds the task.
+What a reply *means* is checked by its task (`Task.check`) in the engine, not here.
+"""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import TASKS, InvalidReply, Reply, Task
 
-PARAMS = "params"
-UPDATE = "update"
-SCORES = "scores"
+PREFIX = "train."
 
 
-def vector_record(key: str, vector: torch.Tensor) -> ArrayRecord:
-    return ArrayRecord({key: Array(vector.detach().cpu().numpy())})
+def message_type(task: Task) -> str:
+    return PREFIX + task.kind
 
 
-def record_vector(content: RecordDict, key: str) -> torch.Tensor:
-    array = content.array_records[key][key].numpy()
-    return torch.from_numpy(np.ascontiguousarray(array))
+def kind_of(message: Message) -> str:
+    kind = message.metadata.message_type
+    if not kind.startswith(PREFIX):
+        raise InvalidReply(f"message type {kind!r} is not a fedflock task")
+    return kind.removeprefix(PREFIX)
 
 
-def task_content(task: TrainTask) -> RecordDict:
-    config = {"client": task.client, "round": task.round, "mode": task.mode,
-              "epochs": task.epochs or 0}
-    return RecordDict({PARAMS: vector_record(PARAMS, task.params),
-                       "config": ConfigRecord(config)})
+def tensors_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
+    return ArrayRecord({k: Array(v.detach().cpu().contiguous().numpy())
+                        for k, v in tensors.items()})
 
 
-def task_from_content(content: RecordDict, client: int) -> TrainTask:
-    config = content.config_records["config"]
-    if int(config["client"]) != client:
-        raise ValueError(f"task for client {config['client']} reached partition {client}")
-    epochs = int(config["epochs"]) or None
-    return TrainTask(client, record_vector(content, PARAMS), int(config["round"]),
-                     str(config["mode"]), epochs)  # type: ignore[arg-type]
+def record_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.ascontiguousarray(a.numpy())) for k, a in record.items()}
 
 
-def reply_content(reply: TrainReply) -> RecordDict:
-    metrics = {"client": reply.client, "num-examples": reply.num_examples, "loss": reply.loss}
-    if reply.choice is not None:
-        metrics["choice"] = reply.choice
-    content = RecordDict({UPDATE: vector_record(UPDATE, reply.update),
-                          "metrics": MetricRecord(metrics)})
-    if reply.payload is not None:
-        content[SCORES] = vector_record(SCORES, reply.payload)
-    return content
+def task_content(task: Task) -> RecordDict:
+    return RecordDict({"tensors": tensors_record(task.tensors()),
+                       "options": ConfigRecord(dict(task.options())),
+                       "task": ConfigRecord({"client": task.client, "round": task.round})})
 
 
-def reply_from_message(message: Message, expected_size: int, client: int) -> TrainReply:
-    """The reply of `client`, or ValueError saying why it is refused (never averaged in)."""
+def task_from_message(message: Message, client: int) -> Task:
+    """The task a node received, refused unless it is addressed to this node's partition."""
+    content = message.content
+    address = content.config_records["task"]
+    if int(address["client"]) != client:
+        raise ValueError(f"task for client {address['client']} reached partition {client}")
+    return TASKS.get(kind_of(message)).from_parts(
+        client, int(address["round"]), record_tensors(content.array_records["tensors"]),
+        dict(content.config_records["options"]))
+
+
+def reply_content(reply: Reply) -> RecordDict:
+    return RecordDict({"tensors": tensors_record(reply.tensors),
+                       "metrics": MetricRecord({k: float(v) for k, v in reply.metrics.items()}),
+                       "reply": ConfigRecord({"client": reply.client,
+                                              "num-examples": reply.num_examples})})
+
+
+def reply_from_message(message: Message, client: int) -> Reply:
+    """The reply of `client` as sent, or InvalidReply saying why it cannot be read."""
     if message.has_error():
-        raise ValueError(f"client error: {message.error.reason}")
+        raise InvalidReply(f"client error: {message.error.reason}")
     content = message.content
     try:
-        update = record_vector(content, UPDATE)
-        metrics = content.metric_records["metrics"]
-    except KeyError as err:
-        raise ValueError(f"reply without {err}") from None
-    if update.dim() != 1 or update.numel() != expected_size:
-        raise ValueError(f"update of shape {tuple(update.shape)}, expected ({expected_size},)")
-    if not torch.isfinite(update).all():
-        raise ValueError("update contains NaN or Inf")
-    if int(metrics["client"]) != client:
-        raise ValueError(f"reply claims client {metrics['client']}")
-    loss = float(metrics["loss"])
-    payload = record_vector(content, SCORES) if SCORES in content.array_records else None
-    choice = int(metrics["choice"]) if "choice" in metrics else None
-    return TrainReply(client, update, int(metrics["num-examples"]),
-                      loss if math.isfinite(loss) else float("nan"), payload=payload,
-                      choice=choice)
+        meta = content.config_records["reply"]
+        tensors = record_tensors(content.array_records["tensors"])
+        metrics = {k: float(v) for k, v in content.metric_records["metrics"].items()}
+        claimed, examples = int(meta["client"]), int(meta["num-examples"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidReply(f"malformed reply ({type(err).__name__}: {err})") from None
+    if claimed != client:
+        raise InvalidReply(f"reply claims client {claimed}")
+    return Reply(client, tensors, metrics, examples)

@@ -2,12 +2,14 @@
 
 One Message per client and round, each carrying that client's own cluster model; replies are
 matched back to clients through the partition id each node reported, never Flower's node id.
-A reply that is an error, has the wrong shape or holds NaN/Inf is refused and logged (never
-averaged in); a node that does not answer in time is recorded as missing for that round.
+A reply that is an error or cannot be decoded is refused here, one its task does not accept
+(wrong shape, NaN/Inf, missing metrics) by the shared engine logic; both are logged, never
+averaged in. A node that does not answer in time is recorded as missing for that round.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -16,17 +18,18 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedflock.client.protocol import TrainReply, TrainTask
+from fedflock.client.task import InvalidReply, Reply, Task
 from fedflock.config import ExperimentConfig
+from fedflock.data.spec import DataSpec
 from fedflock.engines.base import Engine
 from fedflock.engines.flower.codec import (
-    PARAMS,
-    record_vector,
+    message_type,
+    record_tensors,
     reply_from_message,
     task_content,
-    vector_record,
 )
 from fedflock.errors import FedflockError
+from fedflock.models import ModelHandle, build_model
 
 log = logging.getLogger("fedflock.flower")
 
@@ -41,6 +44,8 @@ class FlowerEngine(Engine):
         self.timeout = timeout
         self.connect_timeout = max(connect_timeout, timeout)
         self.expected = config.data.clients
+        self.model_cfg = config.model
+        self.dtype = torch.float64 if config.training.dtype == "float64" else torch.float32
         self.node_of: dict[int, int] = {}
         self.client_of: dict[int, int] = {}
         self._groups = np.zeros(self.expected, dtype=np.int64)
@@ -58,10 +63,11 @@ class FlowerEngine(Engine):
         if len(nodes) < self.expected:
             raise FedflockError(f"flower: {len(nodes)} nodes connected, the config has "
                                 f"{self.expected} clients")
-        asks = [Message(RecordDict({"ask": ConfigRecord({"initial-params": int(i == 0)})}),
+        asks = [Message(RecordDict({"ask": ConfigRecord({"initial-models": int(i == 0)})}),
                         node, "query") for i, node in enumerate(nodes)]
         replies = list(self.grid.send_and_receive(asks, timeout=self.connect_timeout))
         initial = None
+        self._masked = False
         for reply in replies:
             if reply.has_error():
                 raise FedflockError(f"flower: node {reply.metadata.src_node_id} failed: "
@@ -75,11 +81,14 @@ class FlowerEngine(Engine):
             self.client_of[reply.metadata.src_node_id] = client
             self._groups[client] = int(info["group"])
             self._update_size = int(info["update-size"])
-            if len(reply.content.array_records[PARAMS]):
-                initial = record_vector(reply.content, PARAMS)
+            self._data_spec = DataSpec.from_dict(json.loads(str(info["data"])))
+            self._masked = self._masked or bool(info["masked"])
+            if len(reply.content.array_records["models"]):
+                initial = record_tensors(reply.content.array_records["models"])["models"]
         if len(self.node_of) != self.expected or initial is None:
             raise FedflockError(f"flower: {len(self.node_of)} of {self.expected} nodes answered")
         self._initial = initial
+        self._first_node = nodes[0]
 
     # -- Engine --------------------------------------------------------------------------
     @property
@@ -98,17 +107,37 @@ class FlowerEngine(Engine):
     def executor_name(self) -> str:
         return "flower"
 
-    def initial_params(self) -> torch.Tensor:
-        return self._initial.clone()
+    @property
+    def data_spec(self) -> DataSpec:
+        return self._data_spec
+
+    def initial_models(self, count: int) -> torch.Tensor:
+        """The first is the handshake's; more are asked of the first node (they must be made
+        where the mask is known)."""
+        if count <= 1:
+            return self._initial.clone()
+        ask = Message(RecordDict({"ask": ConfigRecord({"initial-models": count})}),
+                      self._first_node, "query")
+        reply = next(iter(self.grid.send_and_receive([ask], timeout=self.connect_timeout)))
+        if reply.has_error():
+            raise FedflockError(f"flower: node {self._first_node} failed to send {count} "
+                                f"initial models: {reply.error.reason}")
+        return record_tensors(reply.content.array_records["models"])["models"]
+
+    def model_handle(self) -> ModelHandle | None:
+        if self._masked:
+            return None
+        spec = self._data_spec
+        return ModelHandle(lambda: build_model(self.model_cfg, spec), self.dtype)
 
     def _send(self, messages: list[Message]) -> list[Message]:
         online = set(self.grid.get_node_ids())
         live = [m for m in messages if m.metadata.dst_node_id in online]
         return list(self.grid.send_and_receive(live, timeout=self.timeout)) if live else []
 
-    def run_tasks(self, rnd: int, tasks: list[TrainTask]) -> list[TrainReply]:
-        sizes = {t.client: t.model_size for t in tasks}
-        messages = [Message(task_content(t), self.node_of[t.client], "train") for t in tasks]
+    def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        messages = [Message(task_content(t), self.node_of[t.client], message_type(t))
+                    for t in tasks]
         replies = []
         for message in self._send(messages):
             client = self.client_of.get(message.metadata.src_node_id)
@@ -117,19 +146,7 @@ class FlowerEngine(Engine):
                             else "a reply from an unknown node")
                 continue
             try:
-                replies.append(reply_from_message(message, sizes.get(client, 0), client))
-            except ValueError as err:
-                self.rejected.append({"round": rnd, "client": client, "reason": str(err)})
-                log.warning("round %d: refused the reply of client %d: %s", rnd, client, err)
+                replies.append(reply_from_message(message, client))
+            except InvalidReply as err:
+                self.refuse(rnd, client, str(err))
         return sorted(replies, key=lambda r: r.client)
-
-    def evaluate_models(self, models: dict[int, torch.Tensor]) -> dict[int, tuple[float, float]]:
-        messages = [Message(RecordDict({PARAMS: vector_record(PARAMS, params)}),
-                            self.node_of[c], "evaluate") for c, params in models.items()]
-        out = {}
-        for reply in self._send(messages):
-            if reply.has_error():
-                continue
-            metrics = reply.content.metric_records["metrics"]
-            out[int(metrics["client"])] = (float(metrics["accuracy"]), float(metrics["loss"]))
-        return dict(sorted(out.items()))

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedflock.config import ExperimentConfig, load_config
+from fedflock.config import ExperimentConfig
 from fedflock.errors import ConfigError
+from fedflock.validation import load_config
 
 
 def experiment_config(run_config: Mapping[str, Any]) -> ExperimentConfig:

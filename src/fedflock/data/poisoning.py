@@ -1,6 +1,7 @@
 """Who the malicious clients are and the labels they train on (data poisoning).
 
-Kept free of client imports: the client runtime uses it to poison its own data.
+It lives with the data (the bottom layer): the client runtime poisons its own data with it, and
+the adversary, the experiment and the summaries all read the same seeded set.
 """
 
 from __future__ import annotations

@@ -1,0 +1,329 @@
+"""The built-in client tasks: train, gradient, select, losses, basis, evaluate, responses.
+
+Each is one registered `Task` (see `fedflock.client.task`): its fields are what the server sends,
+`run` is what the client computes on its own data, `check` what the server accepts back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedflock.client.task import (
+    InvalidReply,
+    Reply,
+    Task,
+    check_metrics,
+    check_tensor,
+    register_task,
+)
+from fedflock.client.training import (
+    Proximal,
+    eval_layout,
+    gradient_step,
+    sample_losses,
+    sample_stats,
+    train_model,
+)
+from fedflock.data.poisoning import flip_labels
+from fedflock.registry import Registry
+
+if TYPE_CHECKING:
+    from fedflock.client.runtime import ClientRuntime
+
+
+def _check_update(task: Task, reply: Reply, size: int) -> None:
+    check_tensor(reply, "update", (size,))
+    check_metrics(reply, ["loss"])
+    Task.check(task, reply)
+
+
+@register_task
+@dataclass
+class Train(Task):
+    """Local training from `params`; replies with the weight-update and the mean training loss.
+
+    Options: `epochs` overrides the configured local epochs (fine-tuning); `proximal_mu` adds
+    mu/2 * sum_k w_k ||theta - c_k||^2 with `centres` (K, P) and `centre_weights` (K,), or with
+    the received model as the one centre when no centres are given (FedProx);
+    `sample_weights` (one per training sample) weight the per-sample losses (FedRC).
+    """
+
+    kind = "train"
+    params: torch.Tensor
+    epochs: int | None = None
+    proximal_mu: float | None = None
+    centres: torch.Tensor | None = None
+    centre_weights: torch.Tensor | None = None
+    sample_weights: torch.Tensor | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Plain local SGD (what the batched executor runs in one vectorised pass)."""
+        return not self.proximal_mu and self.sample_weights is None
+
+    @property
+    def salt(self) -> str:
+        return "train" if self.epochs is None else "finetune"
+
+    def proximal(self, runtime: ClientRuntime, start: torch.Tensor) -> Proximal | None:
+        if not self.proximal_mu:
+            return None
+        if self.centres is None:
+            return Proximal(self.proximal_mu, start[None], torch.ones(1, dtype=start.dtype))
+        centres = runtime.receive(self.centres)
+        weights = (torch.ones(len(centres)) if self.centre_weights is None
+                   else self.centre_weights).to(start.dtype)
+        return Proximal(self.proximal_mu, centres, weights)
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        data = runtime.client_data(self.client)
+        start = runtime.receive(self.params)
+        weights = None if self.sample_weights is None else self.sample_weights.to(runtime.dtype)
+        update, loss = train_model(runtime.model, runtime.spec, start, data.x_train,
+                                   data.y_train, runtime.training,
+                                   runtime.task_seed(self, self.salt), self.epochs,
+                                   runtime.objective, weights, self.proximal(runtime, start))
+        return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
+                     data.num_train)
+
+    def check(self, reply: Reply) -> None:
+        _check_update(self, reply, int(self.params.shape[-1]))
+
+
+@register_task
+@dataclass
+class Gradient(Task):
+    """One full-batch gradient at `params`, sent as the update -lr * grad (CFL's gradient
+    variant; buffers unchanged)."""
+
+    kind = "gradient"
+    params: torch.Tensor
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        data = runtime.client_data(self.client)
+        update, loss = gradient_step(runtime.model, runtime.spec, runtime.receive(self.params),
+                                     data.x_train, data.y_train, runtime.training,
+                                     runtime.objective)
+        return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
+                     data.num_train)
+
+    def check(self, reply: Reply) -> None:
+        _check_update(self, reply, int(self.params.shape[-1]))
+
+
+# A selection criterion picks one of K models from their (accuracy, mean loss) rows, computed on
+# the client's own training data.
+Criterion = Callable[[torch.Tensor], int]
+CRITERIA: Registry[Criterion] = Registry("selection criterion")
+
+
+@CRITERIA.register("loss", "lowest mean training loss (IFCA)")
+def _lowest_loss(scores: torch.Tensor) -> int:
+    return int(torch.argmin(scores[:, 1]))
+
+
+@CRITERIA.register("accuracy", "highest training accuracy, then lowest loss")
+def _most_accurate(scores: torch.Tensor) -> int:
+    return int(max(range(len(scores)), key=lambda k: (scores[k, 0], -scores[k, 1])))
+
+
+def model_scores(runtime: ClientRuntime, client: int, models: torch.Tensor) -> torch.Tensor:
+    """(accuracy, mean loss) of each of K models (rows) on the client's training data."""
+    data = runtime.client_data(client)
+    out = []
+    for params in models:
+        predicted, losses = sample_losses(runtime.load_eval(params), eval_layout(data.x_train),
+                                          data.y_train, runtime.objective)
+        accuracy = (predicted == data.y_train).double().mean()
+        out.append(torch.stack([accuracy, losses.double().mean()]))
+    return torch.stack(out)
+
+
+@register_task
+@dataclass
+class Select(Task):
+    """K models (rows of `models`); the client scores each on its own training data, picks one
+    by `criterion` (lowest loss by default, as IFCA) and, when `train`, trains it. Replies with
+    `scores` (K, 2: accuracy, loss), the metric `choice` and the update of the chosen model."""
+
+    kind = "select"
+    models: torch.Tensor
+    criterion: str = "loss"
+    train: bool = True
+    epochs: int | None = None
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        scores = model_scores(runtime, self.client, self.models)
+        choice = CRITERIA.get(self.criterion)(scores)
+        metrics = {"choice": float(choice), "loss": float(scores[choice, 1])}
+        tensors = {"scores": scores.to(runtime.dtype)}
+        if self.train:
+            reply = Train(self.client, self.round, self.models[choice], self.epochs).run(runtime)
+            tensors["update"] = reply.update
+            metrics["loss"] = reply.loss
+        return Reply(self.client, tensors, metrics, runtime.num_examples(self.client))
+
+    def check(self, reply: Reply) -> None:
+        k, size = self.models.shape
+        check_tensor(reply, "scores", (k, 2))
+        check_metrics(reply, ["choice", "loss"])
+        if not float(reply.metrics["choice"]).is_integer() or not 0 <= reply.metrics[
+                "choice"] < k:
+            raise InvalidReply(f"choice {reply.metrics['choice']!r} is not one of 0..{k - 1}")
+        if self.train:
+            check_tensor(reply, "update", (size,))
+        Task.check(self, reply)
+
+
+@register_task
+@dataclass
+class Losses(Task):
+    """Per-sample training losses under each of K models: `losses` (K, n)."""
+
+    kind = "losses"
+    models: torch.Tensor
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        data = runtime.client_data(self.client)
+        rows = [sample_losses(runtime.load_eval(p), eval_layout(data.x_train), data.y_train,
+                              runtime.objective)[1] for p in self.models]
+        return Reply(self.client, {"losses": torch.stack(rows).to(runtime.dtype)}, {},
+                     data.num_train)
+
+    def check(self, reply: Reply) -> None:
+        check_tensor(reply, "losses", (len(self.models), reply.num_examples))
+        Task.check(self, reply)
+
+
+@register_task
+@dataclass
+class Basis(Task):
+    """Per class, the top `rank` left singular vectors of the client's raw training inputs (the
+    d x n_c matrix of its class-c samples): `basis` (C, d, rank), zero where the client has fewer
+    samples, and `counts` (C,). A data signature that reveals no sample (PACFL, FedDAG).
+    `per_class: false` gives one basis of all samples (1, d, rank)."""
+
+    kind = "basis"
+    rank: int = 3
+    per_class: bool = True
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        data = runtime.client_data(self.client)
+        x = data.x_train.reshape(len(data.y_train), -1).double()
+        classes = runtime.data_spec.num_classes if self.per_class else 1
+        basis = torch.zeros(classes, x.shape[1], self.rank, dtype=torch.float64)
+        counts = torch.zeros(classes, dtype=torch.float64)
+        for c in range(classes):
+            rows = x[data.y_train == c] if self.per_class else x
+            counts[c] = len(rows)
+            if len(rows):
+                u, _, _ = torch.linalg.svd(rows.T, full_matrices=False)
+                basis[c, :, : min(self.rank, u.shape[1])] = u[:, : self.rank]
+        return Reply(self.client, {"basis": basis.to(runtime.dtype),
+                                   "counts": counts.to(runtime.dtype)}, {}, data.num_train)
+
+    def check(self, reply: Reply) -> None:
+        basis = check_tensor(reply, "basis")
+        if basis.dim() != 3 or basis.shape[2] != self.rank:
+            raise InvalidReply(f"'basis' of shape {tuple(basis.shape)}, expected (C, d, "
+                               f"{self.rank})")
+        check_tensor(reply, "counts", (basis.shape[0],))
+        Task.check(self, reply)
+
+
+@register_task
+@dataclass
+class Evaluate(Task):
+    """The objective's metrics of `params` on the client's held-out data (`split: test`) or
+    its training data (`split: train`)."""
+
+    kind = "evaluate"
+    shares_work = True
+    params: torch.Tensor
+    split: str = "test"
+
+    def _xy(self, runtime: ClientRuntime) -> tuple[torch.Tensor, torch.Tensor]:
+        data = runtime.client_data(self.client)
+        if self.split == "train":
+            return data.x_train, data.y_train
+        return data.x_test, data.y_test
+
+    def run(self, runtime: ClientRuntime) -> Reply:
+        return self.run_many(runtime, [self])[0]
+
+    @classmethod
+    def run_many(cls, runtime: ClientRuntime, tasks: Sequence[Task]) -> list[Reply]:
+        """Clients sharing one model tensor (a cluster) are evaluated in one forward pass."""
+        by_model: dict[tuple[int, str], list[int]] = {}
+        for i, t in enumerate(tasks):
+            assert isinstance(t, Evaluate)
+            by_model.setdefault((id(t.params), t.split), []).append(i)
+        replies: list[Reply | None] = [None] * len(tasks)
+        for positions in by_model.values():
+            group = [tasks[i] for i in positions]
+            xys = [t._xy(runtime) for t in group]  # type: ignore[attr-defined]
+            model = runtime.load_eval(group[0].params)  # type: ignore[attr-defined]
+            stats = sample_stats(model, eval_layout(torch.cat([x for x, _ in xys])),
+                                 torch.cat([y for _, y in xys]), runtime.objective)
+            offset = 0
+            for i, (_, y) in zip(positions, xys, strict=True):
+                n = len(y)
+                own = {k: v[offset : offset + n] for k, v in stats.items()}
+                replies[i] = Reply(tasks[i].client, {}, runtime.objective.summarise(own), n)
+                offset += n
+        return replies  # type: ignore[return-value]
+
+    def check(self, reply: Reply) -> None:
+        """A score may be infinite (a diverged model's loss) or NaN (no held-out samples):
+        that is a measurement, not a malformed reply."""
+        if reply.client != self.client:
+            raise InvalidReply(f"evaluation reply about client {reply.client}")
+        if not reply.metrics:
+            raise InvalidReply("evaluation reply without metrics")
+        for name, value in reply.metrics.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidReply(f"metric {name!r} is not a number ({value!r})")
+
+
+@register_task
+@dataclass
+class Responses(Task):
+    """Softmax outputs of the sent model on server-provided `inputs` (DistFL-style probes)."""
+
+    kind = "responses"
+    params: torch.Tensor
+    inputs: torch.Tensor
+
+    @torch.no_grad()
+    def run(self, runtime: ClientRuntime) -> Reply:
+        model = runtime.load_eval(self.params)
+        model.eval()
+        out = torch.softmax(model(eval_layout(self.inputs.to(runtime.dtype))), dim=-1)
+        return Reply(self.client, {"responses": out}, {}, len(self.inputs))
+
+    def check(self, reply: Reply) -> None:
+        check_tensor(reply, "responses")
+        Task.check(self, reply)
+
+
+@torch.no_grad()
+def attack_success(runtime: ClientRuntime, models: dict[int, torch.Tensor],
+                   label_map: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Per client: (test samples of a targeted class predicted as the attacker's target for it,
+    test samples of a targeted class). Simulation only: it reads the clients' test labels."""
+    out = {}
+    for client, params in models.items():
+        data = runtime.client_data(client)
+        targeted = torch.isin(data.y_test, torch.tensor(list(label_map)))
+        if not targeted.any():
+            out[client] = (0, 0)
+            continue
+        x, y = data.x_test[targeted], data.y_test[targeted]
+        predicted, _ = sample_losses(runtime.load_eval(params), eval_layout(x), y,
+                                     runtime.objective)
+        out[client] = (int((predicted == flip_labels(y, label_map)).sum()), len(y))
+    return out

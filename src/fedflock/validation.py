@@ -1,0 +1,30 @@
+"""A config as the rest of fedflock may trust it: its structure (`fedflock.config`) and the
+names it gives, checked against the registries (datasets, models, objectives, algorithms with
+their own typed parameters). Kept above `config`, so that config imports nothing above it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedflock.algorithms import validate_params
+from fedflock.config import ExperimentConfig, apply_overrides, load_raw, parse_config
+from fedflock.data import DATASETS
+from fedflock.errors import ConfigError
+from fedflock.models import MODELS
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    """A raw mapping as a checked config; every problem is one `ConfigError` line."""
+    config = parse_config(raw)
+    for key, registry, name in (("data.dataset", DATASETS, config.data.dataset),
+                                ("model.name", MODELS, config.model.name)):
+        if name not in registry:
+            raise ConfigError(f"config: {key}: unknown {registry.kind} {name!r} "
+                              f"(expected one of: {', '.join(registry)})")
+    validate_params(config.algorithm)
+    return config
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    return validate(apply_overrides(load_raw(path), overrides or []))
