@@ -25,11 +25,13 @@ demo: $(STAMP)
 	$(BIN)/fedflock report runs/demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf runs .pytest_cache

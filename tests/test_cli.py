@@ -127,3 +127,15 @@ def test_list_names_every_registered_component() -> None:
     for name in ("mnist5k", "label_permutation", "cnn_bn", "cfl", "fedavg_ft", "processes",
                  "incremental", "multi_krum", "sign_flip", "label_flip", "manhattan"):
         assert name in result.stdout
+    for name in ("ifca", "select", "basis", "next_token"):  # algorithms, tasks, objectives
+        assert name in result.stdout
+
+
+def test_list_params_prints_types_defaults_and_descriptions() -> None:
+    result = fedflock("list", "--params", "cfl")
+    assert result.returncode == 0
+    line = next(ln for ln in result.stdout.splitlines() if ln.split()[:1] == ["f_threshold"])
+    assert "float" in line and "3.5" in line and "pseudo-F" in line
+    assert "one of auto|eps" in result.stdout
+    unknown = fedflock("list", "--params", "nope")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1

@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.executors import EXECUTORS
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import TASKS, InvalidReply, Reply, Task, check_tensor, register_task
+from fedflock.client.task import InvalidReply, Reply, Task, check_tensor, register_task
 from fedflock.client.tasks import Select, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
@@ -30,6 +30,7 @@ from fedflock.validation import validate
 from tests.conftest import small_config
 
 
+@register_task
 @dataclass
 class ClassMeans(Task):
     """Mean input of each class present in `classes`, scaled by `scale` (a toy data signature)."""
@@ -49,10 +50,6 @@ class ClassMeans(Task):
     def check(self, reply: Reply) -> None:
         check_tensor(reply, "means", (len(self.classes), reply.tensors["means"].shape[1]))
         super().check(reply)
-
-
-if ClassMeans.kind not in TASKS:
-    register_task(ClassMeans)
 
 
 def _runtime() -> ClientRuntime:

@@ -18,6 +18,16 @@ from fedflock.errors import FedflockError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Clustered federated learning: find groups of compatible clients.")
 
+@app.callback()
+def _options(plugin: Annotated[list[str] | None, typer.Option(
+        "--plugin", help="import a module (name or .py file) that registers components")] = None
+             ) -> None:
+    """Load plugins before any command, so their components are known to it."""
+    from fedflock.plugins import load_plugins
+
+    load_plugins(plugin or [])
+
+
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: key.path=value")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
 
@@ -136,7 +146,7 @@ def list_components(
     from fedflock.similarity.incremental import MEASURES
 
     if params is not None:
-        _print_params(ALGORITHMS.get(params))
+        _print_params(params, ALGORITHMS.get(params), ALGORITHMS.describe()[params])
         return
 
     sections = {
@@ -159,17 +169,26 @@ def list_components(
             typer.echo(f"  {name:<{width}}  {doc}")
 
 
-def _print_params(cls: type) -> None:
+def _type_name(annotation: object) -> str:
+    """`int`, `float | None`, `one of auto|eps`: a parameter's type as a user reads it."""
+    from typing import Literal, get_args, get_origin
+
+    if get_origin(annotation) is Literal:
+        return "one of " + "|".join(str(a) for a in get_args(annotation))
+    name = getattr(annotation, "__name__", None)
+    return name if name and not get_args(annotation) else str(annotation).replace("typing.", "")
+
+
+def _print_params(name: str, cls: type, doc: str) -> None:
     """One line per parameter of an algorithm's schema: name, type, default, description."""
     fields = cls.Params.model_fields
-    typer.echo(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
+    typer.echo(f"{name}: {doc}")
     if not fields:
         typer.echo("  (no parameters)")
         return
     rows = []
     for name, info in fields.items():
-        kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
-        kind = kind.replace("typing.", "")
+        kind = _type_name(info.annotation)
         default = "required" if info.is_required() else repr(info.get_default(
             call_default_factory=True))
         rows.append((name, kind, default, info.description or ""))
@@ -204,3 +223,7 @@ def main() -> None:
         if isinstance(err, click.exceptions.Abort):
             sys.exit(130)
         raise
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,12 @@ from fedflock.errors import ConfigError
 T = TypeVar("T")
 
 
+def _origin(obj: object) -> tuple[str, str]:
+    """Where an object was defined: a module imported again (a plugin file loaded twice)
+    re-registers its own entries instead of clashing with them."""
+    return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
+
+
 class Registry(Generic[T]):
     """Maps names to components; each entry keeps a one-line description for `fedflock list`."""
 
@@ -20,7 +26,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str, doc: str | None = None) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
-            if name in self._items:
+            if name in self._items and _origin(self._items[name]) != _origin(obj):
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             self._items[name] = obj
             text = doc or (getattr(obj, "__doc__", None) or "").strip().splitlines()[:1]

@@ -56,18 +56,28 @@ MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not written t
 
 class IncrementalParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    similarity: Literal["cosine", "euclidean", "manhattan"] = "cosine"
-    warmup_rounds: int = Field(10, ge=1)
-    stable_tol: float = Field(0.1, gt=0, lt=1)
-    patience: int = Field(3, ge=1)
-    min_coverage: float = Field(0.25, ge=0, le=1)
-    cluster_round: int | None = Field(None, ge=1)
-    resolution: float = Field(1.0, gt=0)
-    max_cross_ratio: float = Field(0.25, gt=0, le=1)
-    backend: Literal["igraph", "networkx"] = "igraph"
-    placement_delay: int = Field(3, ge=0)
-    max_placement_wait: int = Field(100, ge=0)
-    restart: Literal["global", "initial"] = "global"
+    similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
+        "cosine", description="measure between the stored latest updates")
+    warmup_rounds: int = Field(10, ge=1, description="rounds of FedAvg before clustering")
+    stable_tol: float = Field(0.1, gt=0, lt=1, description="stabilised when the relative "
+                              "change of the global model shrank by less than this")
+    patience: int = Field(3, ge=1, description="rounds per window of the stabilisation test")
+    min_coverage: float = Field(0.25, ge=0, le=1, description="share of clients seen before "
+                                "clustering")
+    cluster_round: int | None = Field(None, ge=1, description="cluster at this round, "
+                                      "whatever the stabilisation test says")
+    resolution: float = Field(1.0, gt=0, description="Louvain resolution")
+    max_cross_ratio: float = Field(0.25, gt=0, le=1, description="communities whose mean "
+                                   "between/within edge-weight ratio exceeds this are merged")
+    backend: Literal["igraph", "networkx"] = Field("igraph", description="Louvain "
+                                                   "implementation")
+    placement_delay: int = Field(3, ge=0, description="rounds every cluster trains before "
+                                 "newcomers are placed")
+    max_placement_wait: int = Field(100, ge=0, description="rounds after clustering when "
+                                    "newcomers are placed anyway")
+    restart: Literal["global", "initial"] = Field(
+        "global", description="clusters start from the global model, or from the initial one "
+        "(after a poisoned FedAvg phase)")
 
 
 @ALGORITHMS.register("incremental",

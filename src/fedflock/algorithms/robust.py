@@ -46,7 +46,7 @@ class KrumParams(BaseModel):
 
 
 class MultiKrumParams(KrumParams):
-    selected: int | None = Field(None, ge=1)
+    selected: int | None = Field(None, ge=1, description="updates averaged (None: n - f)")
 
 
 @ALGORITHMS.register("krum", "FedAvg keeping the one update closest to its n-f-2 neighbours")

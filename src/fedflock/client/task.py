@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
@@ -123,9 +123,13 @@ class Task:
 TASKS: Registry[type[Task]] = Registry("client task")
 
 
-def register_task(cls: type[Task]) -> type[Task]:
+TaskType = TypeVar("TaskType", bound=type[Task])
+
+
+def register_task(cls: TaskType) -> TaskType:
     """Class decorator: register a task under its `kind`."""
-    return TASKS.register(cls.kind)(cls)
+    TASKS.register(cls.kind)(cls)
+    return cls
 
 
 def check_tensor(reply: Reply, name: str, shape: Sequence[int] | None = None,

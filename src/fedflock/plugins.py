@@ -1,0 +1,60 @@
+"""User extensions without a fork: modules that register algorithms, datasets, models, tasks or
+objectives when imported.
+
+A plugin is any module (a dotted name on the path, or a `.py` file) whose import registers its
+components with the registries (`ALGORITHMS.register`, `register_task`, ...). fedflock imports
+the modules named with `--plugin` (CLI), `plugins=` (Python API), `FEDFLOCK_PLUGINS`
+(comma-separated, inherited by Flower's processes) and every entry point of the group
+`fedflock.plugins` of installed packages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+
+from fedflock.errors import FedflockError
+
+ENTRY_POINT_GROUP = "fedflock.plugins"
+_loaded: dict[str, ModuleType] = {}
+
+
+def _import(spec: str) -> ModuleType:
+    path = Path(spec)
+    if spec.endswith(".py"):
+        if not path.is_file():
+            raise FedflockError(f"plugin {spec}: no such file")
+        name = f"fedflock_plugin_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        module_spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as err:
+        raise FedflockError(f"plugin {spec}: cannot import it ({err})") from None
+
+
+def load_plugins(specs: Iterable[str] = (), entry_point_group: str | None = ENTRY_POINT_GROUP
+                 ) -> list[str]:
+    """Import the named plugin modules, those in FEDFLOCK_PLUGINS and the installed entry
+    points (once each); returns the names loaded so far."""
+    names = [s.strip() for s in os.environ.get("FEDFLOCK_PLUGINS", "").split(",") if s.strip()]
+    names += [s for s in specs if s]
+    for spec in names:
+        key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
+        if key not in _loaded:
+            _loaded[key] = _import(spec)
+    if entry_point_group:
+        for point in entry_points(group=entry_point_group):
+            if point.value not in _loaded:
+                _loaded[point.value] = point.load()
+    return sorted(_loaded)

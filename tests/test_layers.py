@@ -1,0 +1,25 @@
+"""No import cycles anywhere in the package (the layers themselves are checked by
+import-linter in `make test`; this also catches cycles inside one layer)."""
+
+from __future__ import annotations
+
+import grimp
+import networkx as nx
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = grimp.build_graph("fedflock", exclude_type_checking_imports=True)
+    imports = nx.DiGraph()
+    for module in graph.modules:
+        imports.add_node(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            imports.add_edge(module, imported)
+    assert len(imports) > 50
+    cycles = list(nx.simple_cycles(imports))
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_config_imports_nothing_above_it() -> None:
+    graph = grimp.build_graph("fedflock")
+    below = {"fedflock.errors", "fedflock.registry"}
+    assert graph.find_upstream_modules("fedflock.config") <= below
