@@ -48,9 +48,6 @@ class Objective(ABC):
     def worst(self, values: list[float]) -> float:
         return min(values) if self.higher_is_better else max(values)
 
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.higher_is_better else a < b
-
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective")
 

@@ -90,7 +90,7 @@ class Task:
         names = {f.name for f in cls._fields()}
         unknown = (set(tensors) | set(options)) - names
         if unknown:
-            raise InvalidReply(f"task {cls.kind!r} has no field {sorted(unknown)[0]!r}")
+            raise ValueError(f"task {cls.kind!r} has no field {sorted(unknown)[0]!r}")
         return cls(client=client, round=round, **options, **tensors)
 
     @classmethod

@@ -248,6 +248,8 @@ class Evaluate(Task):
 
     def _xy(self, runtime: ClientRuntime) -> tuple[torch.Tensor, torch.Tensor]:
         data = runtime.client_data(self.client)
+        if self.split not in ("train", "test"):
+            raise ValueError(f"evaluate: split {self.split!r} is neither 'train' nor 'test'")
         if self.split == "train":
             return data.x_train, data.y_train
         return data.x_test, data.y_test

@@ -7,6 +7,7 @@ and the batched (`torch.func.vmap`) executor run literally the same arithmetic.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,14 +60,16 @@ class Proximal:
     centres: torch.Tensor  # (K, P) flat vectors; only the trainable block is used
     weights: torch.Tensor  # (K,)
 
-    def gradients(self, spec: FlatSpec, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """d/dtheta of the term for every trainable tensor: mu * sum_k w_k (theta - c_k)."""
-        w = self.weights.to(params[0].dtype)
-        pulled = (w[:, None] * self.centres.to(params[0].dtype)).sum(0)
-        parts = spec.split(pulled)
+    def gradient(self, spec: FlatSpec, dtype: torch.dtype
+                 ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+        """d/dtheta of the term per trainable tensor, mu * (sum_k w_k * theta - sum_k w_k c_k),
+        with the weighted centre sum computed once for all the SGD steps."""
+        w = self.weights.to(dtype)
+        pulled = spec.split((w[:, None] * self.centres.to(dtype)).sum(0))
+        centre = [pulled[n] for n in spec.names[: spec.num_params]]
         total = float(w.sum())
-        return [self.mu * (total * p - parts[n]) for n, p in zip(spec.names, params,
-                                                                 strict=False)]
+        return lambda params: [self.mu * (total * p - c)
+                               for p, c in zip(params, centre, strict=True)]
 
 
 def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.Tensor,
@@ -83,6 +86,7 @@ def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.
     model.train()
     params = [p for p in model.parameters()]
     bufs: list[torch.Tensor | None] = [None] * len(params)
+    pull = proximal.gradient(spec, start.dtype) if proximal is not None else None
     losses = []
     for idx in batch_schedule(len(y), cfg, seed, epochs):
         outputs = model(x[idx])
@@ -91,10 +95,9 @@ def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.
         else:
             loss = (objective.losses(outputs, y[idx]) * sample_weights[idx]).mean()
         grads = torch.autograd.grad(loss, params)
-        if proximal is not None:
+        if pull is not None:
             with torch.no_grad():
-                grads = tuple(g + q for g, q in zip(grads, proximal.gradients(spec, params),
-                                                    strict=True))
+                grads = tuple(g + q for g, q in zip(grads, pull(params), strict=True))
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(params, grads, strict=True)):
                 new, bufs[i] = sgd_step(p, g, bufs[i], cfg)
@@ -117,31 +120,34 @@ def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torc
     return update, float(loss.detach())
 
 
+Statistic = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
 @torch.no_grad()
-def sample_stats(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
-                 chunk: int = 256) -> dict[str, torch.Tensor]:
-    """The objective's per-sample statistics of `model` (eval mode) on (x, y), in chunks."""
+def per_sample(model: nn.Module, x: torch.Tensor, y: torch.Tensor, statistic: Statistic,
+               chunk: int = 256) -> dict[str, torch.Tensor]:
+    """`statistic(outputs, targets)` of `model` in eval mode over (x, y), in chunks, joined
+    per sample; {} without samples."""
     model.eval()
-    parts = [objective.sample_stats(model(x[s : s + chunk]), y[s : s + chunk])
+    parts = [statistic(model(x[s : s + chunk]), y[s : s + chunk])
              for s in range(0, len(y), chunk)]
-    if not parts:  # no samples: the objective reports NaN metrics
-        return {}
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {}
 
 
-@torch.no_grad()
-def sample_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
-                  chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample (prediction, loss) of `model` in eval mode."""
-    model.eval()
-    predicted, losses = [], []
-    for s in range(0, len(y), chunk):
-        outputs = model(x[s : s + chunk])
-        predicted.append(objective.predict(outputs))
-        losses.append(objective.losses(outputs, y[s : s + chunk]))
-    if not predicted:
+def sample_stats(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective
+                 ) -> dict[str, torch.Tensor]:
+    """The objective's per-sample statistics (its metrics' ingredients)."""
+    return per_sample(model, x, y, objective.sample_stats)
+
+
+def sample_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample (prediction, loss)."""
+    out = per_sample(model, x, y, lambda o, t: {"predicted": objective.predict(o),
+                                                "loss": objective.losses(o, t)})
+    if not out:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0)
-    return torch.cat(predicted), torch.cat(losses)
+    return out["predicted"], out["loss"]
 
 
 def eval_layout(x: torch.Tensor) -> torch.Tensor:

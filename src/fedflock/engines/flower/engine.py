@@ -118,10 +118,11 @@ class FlowerEngine(Engine):
             return self._initial.clone()
         ask = Message(RecordDict({"ask": ConfigRecord({"initial-models": count})}),
                       self._first_node, "query")
-        reply = next(iter(self.grid.send_and_receive([ask], timeout=self.connect_timeout)))
-        if reply.has_error():
+        reply = next(iter(self.grid.send_and_receive([ask], timeout=self.connect_timeout)), None)
+        if reply is None or reply.has_error():
+            reason = "no answer" if reply is None else reply.error.reason
             raise FedflockError(f"flower: node {self._first_node} failed to send {count} "
-                                f"initial models: {reply.error.reason}")
+                                f"initial models: {reason}")
         return record_tensors(reply.content.array_records["models"])["models"]
 
     def model_handle(self) -> ModelHandle | None:
