@@ -67,13 +67,20 @@ def apply_dotted(raw: dict, overrides: dict) -> dict:
 
 
 def make_algorithm(name: str, num_clients: int, size: int, **params: object):
-    """An algorithm on a bare context (zero initial model of `size`, all of it trainable)."""
+    """An algorithm on a bare context: a zero initial model of `size`, all of it trainable, and
+    seeded standard-normal rows after it when K initial models are asked for."""
     import torch
 
     from fedflock.algorithms import ALGORITHMS, AlgorithmContext
 
+    def initial_models(count: int) -> torch.Tensor:
+        rest = torch.randn(count - 1, size, generator=torch.Generator().manual_seed(count))
+        return torch.cat([torch.zeros(1, size), rest])
+
     cls = ALGORITHMS.get(name)
-    return cls(cls.Params(**params), AlgorithmContext(num_clients, torch.zeros(size), size))
+    context = AlgorithmContext(num_clients, torch.zeros(size), size,
+                               make_initial_models=initial_models)
+    return cls(cls.Params(**params), context)
 
 
 def update_reply(client: int, update, examples: int = 10, loss: float = 0.1):

@@ -116,12 +116,19 @@ PARTIAL = {"rounds": 6, "eval_every": 6, "data.clients": 8, "data.samples_per_cl
            "attack.kind": "sign_flip", "attack.fraction": 0.25}
 
 
-@pytest.mark.parametrize("settings", [FAST, PARTIAL], ids=["cfl", "incremental-partial-attack"])
+# IFCA: K = 2 distinct initial models asked of a node (where the mask would be known), select
+# tasks every round, final selection without training.
+IFCA = {"rounds": 3, "eval_every": 3, "algorithm": {"name": "ifca", "clusters": 2}}
+
+
+@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA],
+                         ids=["cfl", "incremental-partial-attack", "ifca"])
 def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
                                                                settings: dict) -> None:
     """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
     runtime (Ray): same clusters, same accuracy as the embedded engine; also with 2 of 4
-    clients sampled per round, select tasks placing unseen clients, and a malicious client."""
+    clients sampled per round, select tasks placing unseen clients, and a malicious client;
+    and IFCA (K initial models from a node, select tasks)."""
     import subprocess
     import sys
 
@@ -140,6 +147,9 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
     assert abs(summary["accuracy"]["mean"] - embedded["accuracy"]["mean"]) <= 0.02
     assert summary["communication"] == embedded["communication"]
     assert summary.get("attack") == embedded.get("attack")
+    if settings is IFCA:  # K models went down to every client every round and at the end
+        assert summary["communication"]["down_floats"] >= 2 * summary["communication"][
+            "up_floats"]
     if settings is PARTIAL:  # the scenario really clustered and placed a client by selection
         assert summary["splits"] and summary["splits"][0]["unseen"] == 1
         assert summary["communication"]["down_floats"] > summary["communication"]["up_floats"]
