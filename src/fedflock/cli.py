@@ -140,7 +140,7 @@ def list_components(
     from fedflock.client.objectives import OBJECTIVES
     from fedflock.client.task import TASKS
     from fedflock.client.tasks import CRITERIA
-    from fedflock.data import DATASETS, SCENARIO_DOCS
+    from fedflock.data import DATASETS, SCENARIO_DOCS, SCENARIOS
     from fedflock.models import MODELS
     from fedflock.robust import POISONINGS
     from fedflock.similarity.incremental import MEASURES
@@ -151,7 +151,7 @@ def list_components(
 
     sections = {
         "datasets": DATASETS.describe(),
-        "scenarios": SCENARIO_DOCS,
+        "scenarios": SCENARIO_DOCS | SCENARIOS.describe(),
         "models": MODELS.describe(),
         "algorithms": ALGORITHMS.describe(),
         "client tasks": TASKS.describe(),

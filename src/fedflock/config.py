@@ -19,6 +19,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+BUILTIN_SCENARIOS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew",
+                     "dirichlet", "shards", "quantity_skew", "natural")
+
+
 class ScenarioConfig(_Strict):
     """How client data are split and how the hidden groups differ.
 
@@ -28,17 +32,8 @@ class ScenarioConfig(_Strict):
     writer of a LEAF dataset).
     """
 
-    kind: Literal[
-        "iid",
-        "label_permutation",
-        "label_swap",
-        "rotation",
-        "feature_skew",
-        "dirichlet",
-        "shards",
-        "quantity_skew",
-        "natural",
-    ] = "iid"
+    kind: str = Field("iid", description="a built-in kind (BUILTIN_SCENARIOS) or one a plugin "
+                      "registered (checked in fedflock.validation)")
     groups: int = Field(1, ge=1)
     partition: Literal["iid", "dirichlet", "shards", "quantity_skew"] = "iid"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
@@ -50,6 +45,8 @@ class ScenarioConfig(_Strict):
         description="feature_skew: group k applies transforms[k] (one distinct entry per group)",
     )
     noise_std: float = Field(0.5, ge=0)
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="parameters of a plugin's own scenario")
 
 
 class DataConfig(_Strict):

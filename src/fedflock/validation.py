@@ -8,8 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from fedflock.algorithms import validate_params
-from fedflock.config import ExperimentConfig, apply_overrides, load_raw, parse_config
-from fedflock.data import DATASETS
+from fedflock.config import (
+    BUILTIN_SCENARIOS,
+    ExperimentConfig,
+    apply_overrides,
+    load_raw,
+    parse_config,
+)
+from fedflock.data import DATASETS, SCENARIOS
 from fedflock.errors import ConfigError
 from fedflock.models import MODELS
 
@@ -22,6 +28,11 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         if name not in registry:
             raise ConfigError(f"config: {key}: unknown {registry.kind} {name!r} "
                               f"(expected one of: {', '.join(registry)})")
+    kind = config.data.scenario.kind
+    if kind not in BUILTIN_SCENARIOS and kind not in SCENARIOS:
+        known = ", ".join([*BUILTIN_SCENARIOS, *SCENARIOS])
+        raise ConfigError(f"config: data.scenario.kind: unknown scenario {kind!r} "
+                          f"(expected one of: {known})")
     validate_params(config.algorithm)
     return config
 

@@ -3,6 +3,7 @@
 from fedflock.data.datasets import DATASETS, Dataset, load_dataset
 from fedflock.data.scenarios import (
     SCENARIO_DOCS,
+    SCENARIOS,
     ClientData,
     FederatedData,
     SampleReuseWarning,
@@ -11,6 +12,7 @@ from fedflock.data.scenarios import (
 
 __all__ = [
     "DATASETS",
+    "SCENARIOS",
     "SCENARIO_DOCS",
     "ClientData",
     "Dataset",

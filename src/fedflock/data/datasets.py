@@ -43,6 +43,8 @@ class Dataset:
     num_classes: int
     writers_train: torch.Tensor | None = None  # natural client of each sample (LEAF)
     writers_test: torch.Tensor | None = None
+    objective: str = "classification"  # how its tasks are scored (fedflock.client.objectives)
+    vocab_size: int | None = None  # token-id inputs (integer tensors)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -35,6 +35,12 @@ from fedflock.config import DataConfig, ScenarioConfig
 from fedflock.data.datasets import Dataset, load_dataset
 from fedflock.data.spec import DataSpec
 from fedflock.errors import ConfigError
+from fedflock.registry import Registry
+
+# A user's scenario: (dataset, data config, seed, shift seed) -> clients and hidden groups. Its
+# own parameters come in `data.scenario.options`.
+Scenario = Callable[["Dataset", DataConfig, int, int], "FederatedData"]
+SCENARIOS: Registry[Scenario] = Registry("scenario")
 
 SHIFTS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew")
 SCENARIO_DOCS = {
@@ -296,6 +302,8 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
     shift_seed = seed if shift_seed is None else shift_seed
     ds = load_dataset(cfg.dataset, cfg.resolved_root())
     sc = cfg.scenario
+    if sc.kind in SCENARIOS:  # a plugin's scenario
+        return SCENARIOS.get(sc.kind)(ds, cfg, seed, shift_seed)
     if sc.kind == "natural":
         pairs = _natural_clients(ds, cfg)
         x_test, y_test = ds.x_test, ds.y_test
@@ -305,7 +313,7 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
         clients = [ClientData(ds.x_train[tr], ds.y_train[tr], x_test[te], y_test[te],
                               train_index=tr, test_index=te) for tr, te in pairs]
         return FederatedData(clients, np.zeros(len(clients), dtype=np.int64), ds.num_classes,
-                             ds.input_shape, ds.name)
+                             ds.input_shape, ds.name, ds.objective, ds.vocab_size)
 
     rng = np.random.default_rng([seed, 1])
     train_rows, test_rows, x_test_src, y_test_src = _split_pool(ds, rng)
@@ -351,4 +359,5 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
         clients.append(ClientData(x_tr.contiguous(), y_tr, x_te.contiguous(), y_te,
                                   train_index=tr_rows, test_index=te_rows))
     _warn_reuse(ds, train_pool, test_pool, label_skew=partition in ("dirichlet", "shards"))
-    return FederatedData(clients, groups.astype(np.int64), ds.num_classes, ds.input_shape, ds.name)
+    return FederatedData(clients, groups.astype(np.int64), ds.num_classes, ds.input_shape, ds.name,
+                         ds.objective, ds.vocab_size)
