@@ -155,7 +155,7 @@ class ClusteredAlgorithm(Algorithm):
 
     def combine(self, replies: list[Reply]) -> torch.Tensor:
         """The cluster's update from its members' replies (FedAvg: example-weighted mean)."""
-        return _weighted_mean([r.update for r in replies], replies)
+        return weighted_mean(replies)
 
     def _apply(self, cluster: Cluster, replies: list[Reply]) -> torch.Tensor | None:
         """Add the combined update of the replies to the cluster model; return it."""
@@ -195,12 +195,13 @@ class ClusteredAlgorithm(Algorithm):
         self._index_members()
 
 
-def _weighted_mean(updates: list[torch.Tensor], replies: list[Reply]) -> torch.Tensor:
-    """Example-weighted mean, accumulated row by row: every coordinate sees the same sequence of
-    additions wherever it sits in the vector, so the result is exactly permutation-equivariant
-    (a masked run aggregates bit for bit like a plain one; a fused reduction is not)."""
+def weighted_mean(replies: list[Reply]) -> torch.Tensor:
+    """Example-weighted mean of the replies' updates, accumulated row by row: every coordinate
+    sees the same sequence of additions wherever it sits in the vector, so the result is exactly
+    permutation-equivariant (a masked run aggregates bit for bit like a plain one; a fused
+    reduction is not)."""
     total = float(sum(r.num_examples for r in replies))
-    acc = torch.zeros_like(updates[0])
-    for row, reply in zip(updates, replies, strict=True):
-        acc.add_(row, alpha=reply.num_examples / total)
+    acc = torch.zeros_like(replies[0].update)
+    for reply in replies:
+        acc.add_(reply.update, alpha=reply.num_examples / total)
     return acc

@@ -35,6 +35,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, Decision
+from fedflock.algorithms.clustered import weighted_mean
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import CRITERIA, Select, Train
@@ -111,11 +112,7 @@ class IFCA(Algorithm):
         for model in range(k):
             chosen = [r for r in replies if r.choice == model]
             if chosen:  # an empty cluster keeps its model
-                total = float(sum(r.num_examples for r in chosen))
-                mean = torch.zeros_like(self.models[model])
-                for r in chosen:
-                    mean.add_(r.update.to(mean.dtype), alpha=r.num_examples / total)
-                self.models[model] = self.models[model] + mean
+                self.models[model] = self.models[model] + weighted_mean(chosen)
         self._stack = None
         return {"choices": counts, "changed": changed}
 
@@ -131,10 +128,8 @@ class IFCA(Algorithm):
         members: list[list[int]] = [[] for _ in range(k)]
         for model in range(len(seeds)):  # with fewer replies than K the rest stay random
             chosen = [r for r, near in zip(replies, nearest, strict=True) if near == model]
-            total = float(sum(r.num_examples for r in chosen))
-            mean = sum((r.update * (r.num_examples / total) for r in chosen),
-                       torch.zeros_like(self.context.initial))
-            self.models[model] = self.context.initial + mean.to(self.context.initial.dtype)
+            if chosen:  # a seed whose update is all zero may attract no one, itself included
+                self.models[model] = self.context.initial + weighted_mean(chosen)
             members[model] = [r.client for r in chosen]
             for r in chosen:
                 self.choice[r.client] = model
