@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedflock.algorithms import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.runtime import ClientRuntime
@@ -26,8 +27,7 @@ from fedflock.client.task import Reply, Task, check_metrics, register_task
 from fedflock.client.tasks import Train
 
 
-class FedProxParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedProxParams(AlgorithmParams):
     mu: float = Field(0.01, ge=0, description="weight of the proximal term (the paper: 0.001-1)")
 
 

@@ -49,6 +49,19 @@ BAD_CONFIGS = {
                            "algorithm.similarity"),
     "trimmed mean beta 0.5": ({"algorithm": {"name": "trimmed_mean", "beta": 0.5}},
                               "algorithm.beta"),
+    "infinite lr": ({"training": {"lr": float("inf")}}, "training.lr"),
+    "NaN algorithm threshold": ({"algorithm": {"name": "cfl", "f_threshold": float("nan")}},
+                                "algorithm.f_threshold"),
+    "negative seed": ({"seed": -1}, "seed"),
+    "zero hidden width": ({"model": {"hidden": [0]}}, "model.hidden"),
+    "negative hidden width": ({"model": {"hidden": [100, -5]}}, "model.hidden"),
+    "oracle clusters overlap": ({"algorithm": {"name": "oracle", "clusters": [[0, 1], [1]]}},
+                                "algorithm.clusters"),
+    "oracle clusters miss a client": (
+        {"algorithm": {"name": "oracle", "clusters": [list(range(10)), list(range(10, 19))]}},
+        "algorithm.clusters"),
+    "samples beyond memory": ({"data": {"samples_per_client": 100_000_000}},
+                              "data.samples_per_client"),
 }
 
 
@@ -78,6 +91,13 @@ def test_other_user_errors_exit_2(tmp_path: Path) -> None:
     cases.append(("compare", str(good), "--seeds", "a,b"))
     cases.append(("report", str(tmp_path / "no-such-run")))
     cases.append(("assign", str(tmp_path)))
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    cases.append(("run", str(tmp_path / "binary.yaml"), "--out", str(tmp_path / "b")))
+    (tmp_path / "empty.yaml").write_text("# nothing here\n")
+    cases.append(("run", str(tmp_path / "empty.yaml"), "--out", str(tmp_path / "e")))
+    (tmp_path / "a-file").write_text("keep me")
+    cases.append(("run", str(good), "--out", str(tmp_path / "a-file")))
+    cases.append(("compare", str(good), "--out", str(tmp_path / "a-file")))
     nodata = _write(tmp_path / "nodata.yaml",
                     {"data": {"dataset": "mnist", "root": str(tmp_path / "nowhere")}})
     cases.append(("run", str(nodata), "--out", str(tmp_path / "nd")))
@@ -86,6 +106,8 @@ def test_other_user_errors_exit_2(tmp_path: Path) -> None:
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:"), (args, result.stderr)
+    assert (tmp_path / "a-file").read_text() == "keep me"
+    assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists()
 
 
 def test_missing_data_file_names_the_file_and_where(tmp_path: Path) -> None:

@@ -7,29 +7,34 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from fedflock.client.runtime import ClientRuntime
 from fedflock.client.tasks import Evaluate, Train
 from fedflock.clustering import ParameterTree
+from fedflock.config import load_raw
 from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import FedflockError
+from fedflock.rundir import RunDirectory
 from fedflock.validation import validate
 
 
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
     """Draw `clients` new clients of the run's scenario (same groups, fresh samples), route each
     through the tree and evaluate it on the model of the cluster it lands in."""
-    config_path, ckpt = run_dir / "config.yaml", run_dir / "checkpoints" / "last.pt"
-    if not config_path.is_file() or not ckpt.is_file():
+    run = RunDirectory(run_dir)
+    if not run.config_path.is_file() or not run.checkpoint_path.is_file():
         raise FedflockError(f"{run_dir} is not a finished run (config.yaml and checkpoints/)")
-    config = validate(yaml.safe_load(config_path.read_text()))
-    state = torch.load(ckpt, weights_only=False)["algorithm"]
+    config = validate(load_raw(run.config_path))
+    state = run.read_checkpoint(config.algorithm.name)["algorithm"]
     if "tree" not in state:
         raise FedflockError(f"{run_dir}: algorithm {config.algorithm.name!r} has no "
                             "parameter tree (assign works on cfl runs)")
-    tree = ParameterTree.from_dict(state["tree"])
-    leaf_models = {c["id"]: c["params"] for c in state["clusters"]}
+    try:
+        tree = ParameterTree.from_dict(state["tree"])
+        leaf_models = {c["id"]: c["params"] for c in state["clusters"]}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise FedflockError(f"{run.checkpoint_path}: a damaged parameter tree "
+                            f"({type(err).__name__}: {err})") from None
     trained = build_federated_data(config.data, config.seed)
     data_cfg = config.data.model_copy(update={"clients": clients})
     fresh = build_federated_data(data_cfg, seed, shift_seed=config.seed)

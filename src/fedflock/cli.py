@@ -5,7 +5,6 @@ Every user error is one line on stderr and exit status 2.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Annotated
 import typer
 
 from fedflock.errors import FedflockError
+from fedflock.fileio import write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Clustered federated learning: find groups of compatible clients.")
@@ -125,7 +125,7 @@ def assign(run_dir: Path,
                    f"accuracy {row['accuracy']:.3f}")
     typer.echo(f"routed to its own group's cluster: {result['routed_correctly']:.0%}, "
                f"mean accuracy {result['accuracy_mean']:.4f}")
-    (run_dir / "assign.json").write_text(json.dumps(result, indent=2))
+    write_json(run_dir / "assign.json", result)
 
 
 @app.command("list")

@@ -10,6 +10,7 @@ import numpy as np
 
 from fedflock.config import ExperimentConfig
 from fedflock.experiment import run_experiment
+from fedflock.fileio import write_json, write_text
 from fedflock.validation import validate
 
 HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds",
@@ -47,8 +48,8 @@ def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], o
         summaries = [run_experiment(configs[name, s], out / name / f"seed{s}", quiet=quiet)
                      for s in seeds]
         rows.append(summarise(name, summaries))
-    (out / "compare.json").write_text(json.dumps({"seeds": seeds, "rows": rows}, indent=2))
-    (out / "compare.md").write_text(markdown_table(rows, seeds))
+    write_json(out / "compare.json", {"seeds": seeds, "rows": rows})
+    write_text(out / "compare.md", markdown_table(rows, seeds))
     return rows
 
 

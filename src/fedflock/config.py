@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,8 +16,11 @@ from fedflock.errors import ConfigError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+
+MAX_SEED = 2**63 - 1  # seeds are non-negative 64-bit integers (torch, numpy)
+MAX_WIDTH = 65536  # a wider hidden layer is a typo, not a model this tool trains
 
 BUILTIN_SCENARIOS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew",
                      "dirichlet", "shards", "quantity_skew", "natural")
@@ -78,7 +81,8 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [100])
+    hidden: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
+        default_factory=lambda: [100], description="hidden layer widths (models that use them)")
 
 
 class TrainingConfig(_Strict):
@@ -153,7 +157,7 @@ class PrivacyConfig(_Strict):
 
 
 class ExperimentConfig(_Strict):
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     rounds: int = Field(50, ge=1)
     engine: Literal["embedded", "flower"] = "embedded"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -210,11 +214,20 @@ def load_raw(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path}: not a UTF-8 text file") from None
+    except OSError as err:
+        raise ConfigError(f"config {path}: cannot read ({err.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" line {line + 1}" if line is not None else ""
         raise ConfigError(f"config {path}{where}: not valid YAML") from None
+    if raw is None:
+        raise ConfigError(f"config {path}: empty; give at least the keys that differ from the "
+                          "defaults (e.g. `algorithm: {name: cfl}`)")
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: expected a mapping at the top level")
     return raw

@@ -6,7 +6,6 @@ The run directory (`fedflock.rundir`) keeps what is written; the summaries
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -77,17 +76,21 @@ class Run:
             raise FedflockError("engine 'flower' runs through Flower: `fedflock run` (simulation) "
                                 "or `flwr run examples/flower-deployment` (see README)")
         engine = engine or EmbeddedEngine.from_config(cfg)
+        try:  # every config error is raised before the run directory is touched
+            algorithm = build_algorithm(cfg, engine)
+            with self.dir.locked():
+                return self._execute(engine, algorithm, resume)
+        finally:
+            engine.close()
+
+    def _execute(self, engine: Engine, algorithm: Algorithm, resume: bool) -> dict[str, Any]:
+        cfg = self.config
         objective = get_objective(engine.data_spec.objective)
         malicious = malicious_clients(cfg.attack, engine.num_clients, cfg.seed)
         if cfg.attack is not None and cfg.attack.poisons_model:
             engine.adversary = Adversary(cfg.attack, malicious, cfg.seed, engine.update_size)
-        try:
-            algorithm = build_algorithm(cfg, engine)
-            self.dir.prepare(dump_config(cfg), resume)
-            start_round, elapsed = self._restore(algorithm, engine) if resume else (0, 0.0)
-        except BaseException:
-            engine.close()
-            raise
+        restore = self.dir.prepare(dump_config(cfg), resume)
+        start_round, elapsed = self._restore(algorithm, engine) if restore else (0, 0.0)
         evaluation: Evaluation = {}
         t_start = time.perf_counter() - elapsed
         round_seconds = train_seconds = 0.0  # rounds run by this process (not before a resume)
@@ -100,14 +103,14 @@ class Run:
                         t_round = time.perf_counter()
                         record, evaluation = self._round(engine, algorithm, objective, rnd,
                                                          evaluation)
-                        log.write(json.dumps(record) + "\n")
-                        log.flush()
+                        log.write(record)
+                        self._write_matrices(algorithm)
                         if rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds:
                             self._checkpoint(rnd, algorithm, engine, time.perf_counter() - t_start)
                         round_seconds += time.perf_counter() - t_round
                         train_seconds += record["timing"]["train"]
                         if progress:
-                            primary = record.get(f"{objective.primary}_mean", 0)
+                            primary = record.get(f"{objective.primary}_mean") or 0
                             progress.update(task, advance=1, description=(
                                 f"{cfg.algorithm.name} {objective.primary}={primary:.3f} "
                                 f"k={algorithm.num_clusters()}"))
@@ -127,20 +130,34 @@ class Run:
                 "train_seconds": round(train_seconds, 3),
                 "outside_training_share": round(1 - train_seconds / round_seconds, 4),
             }
-        self.dir.write_matrices([d.matrix for d in algorithm.decisions if d.matrix is not None])
+        self._write_matrices(algorithm)
         self.dir.write_summary(summary)
         return summary
 
+    def _write_matrices(self, algorithm: Algorithm) -> None:
+        """Move the similarity matrices of new decisions to splits/ (out of memory and out of
+        every later checkpoint)."""
+        for index, members, matrix in algorithm.take_matrices():
+            self.dir.write_matrix(index, members, matrix)
+
     def _checkpoint(self, rnd: int, algorithm: Algorithm, engine: Engine,
                     elapsed: float) -> None:
-        self.dir.save_checkpoint({"round": rnd, "algorithm": algorithm.state_dict(),
-                                  "elapsed": elapsed, "communication": engine.communication})
+        self.dir.save_checkpoint({
+            "round": rnd, "algorithm_name": algorithm.name, "algorithm": algorithm.state_dict(),
+            "elapsed": elapsed, "communication": engine.communication,
+            "missing": engine.missing, "rejected": engine.rejected})
 
     def _restore(self, algorithm: Algorithm, engine: Engine) -> tuple[int, float]:
-        state = self.dir.load_checkpoint()
-        algorithm.load_state_dict(state["algorithm"])
-        engine.communication = dict(state.get("communication", engine.communication))
-        return state["round"], state.get("elapsed", 0.0)
+        state = self.dir.load_checkpoint(algorithm.name)
+        try:
+            algorithm.load_state_dict(state["algorithm"])
+            engine.communication = dict(state["communication"])
+            engine.missing = {int(c): list(r) for c, r in state["missing"].items()}
+            engine.rejected = list(state["rejected"])
+            return state["round"], float(state["elapsed"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise FedflockError(f"{self.dir.checkpoint_path}: does not hold a state of "
+                                f"{algorithm.name!r} ({type(err).__name__}: {err})") from None
 
     def _round(self, engine: Engine, algorithm: Algorithm, objective: Any, rnd: int,
                evaluation: Evaluation) -> tuple[dict[str, Any], Evaluation]:

@@ -1,30 +1,69 @@
 """The run directory: config.yaml, metrics.jsonl, summary.json, checkpoints/, splits/.
 
-Everything written here is written atomically (a temporary file, then a rename), so a run killed
-at any moment leaves the last complete checkpoint and summary behind.
+Everything written here is written atomically and synced (`fedflock.fileio`), so a run killed at
+any moment leaves the last complete checkpoint and summary behind; a torn last line of
+metrics.jsonl (a kill or a full disk in the middle of an append) is dropped on resume. A lock
+file keeps two runs from writing one directory. Checkpoints hold tensors and plain Python values
+only and are loaded with `weights_only=True`: a checkpoint from someone else cannot run code.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pickle
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 import torch
+import yaml
 
 from fedflock.errors import FedflockError
+from fedflock.fileio import atomic_open, json_text, write_json, write_text
+
+CHECKPOINT_FORMAT = 2  # 1: pickled numpy arrays (before weights_only loading)
 
 
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+def storable(value: Any) -> Any:
+    """`value` as tensors and plain Python values (what `torch.load(weights_only=True)`
+    admits): numpy arrays become tensors, numpy scalars Python numbers."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(storable(v) for v in value)
+    return value
+
+
+def _unsafe_reason(err: Exception) -> str:
+    found = re.search(r"(?:Unsupported global|GLOBAL) ([\w.]+)", str(err))
+    what = f" ({found.group(1)})" if found else ""
+    return f"it holds an object other than tensors and plain values{what}, refused unread"
+
+
+def _same_config(stored: str, config_text: str) -> bool:
+    """The same settings (key order and formatting aside)."""
+    try:
+        return yaml.safe_load(stored) == yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return False
 
 
 class RunDirectory:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._lock: IO[str] | None = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -34,48 +73,160 @@ class RunDirectory:
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
 
-    def prepare(self, config_text: str, resume: bool) -> None:
-        """A fresh directory for a new run, or the checks that a resume continues this one."""
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    # -- one writer at a time ------------------------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold `.lock` for the whole run: a second run on the same directory fails at once.
+        The lock is the kernel's (flock), so a killed run never leaves it held."""
+        self._check_folder()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fh = (self.path / ".lock").open("a+")
+        except OSError as err:
+            raise FedflockError(f"--out {self.path}: cannot write there ({err.strerror})"
+                                ) from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            fh.close()
+            raise FedflockError(f"run directory {self.path} is in use by another fedflock run "
+                                f"(pid {holder}); wait for it or use another --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def _check_folder(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise FedflockError(f"--out {self.path}: a file is there, expected a directory")
+
+    # -- starting and resuming -----------------------------------------------------------------
+    def prepare(self, config_text: str, resume: bool) -> bool:
+        """Make the directory ready; True when the run continues from its checkpoint.
+
+        A new run refuses a directory holding a finished run or a checkpoint; a run that was
+        killed before its first checkpoint starts afresh (with a warning), as does `--resume`
+        of such a run."""
+        self._check_folder()
+        has_checkpoint = self.checkpoint_path.is_file()
         if resume:
-            if not self.checkpoint_path.is_file():
-                raise FedflockError(f"--resume: no checkpoint in {self.path / 'checkpoints'}")
-            if (self.path / "config.yaml").read_text() != config_text:
-                raise FedflockError(f"--resume: config differs from {self.path / 'config.yaml'}")
-            return
-        if self.metrics_path.exists():
+            if not self.config_path.is_file():
+                raise FedflockError(f"--resume: {self.path} holds no run (no config.yaml)")
+            if not _same_config(self.config_path.read_text(errors="replace"), config_text):
+                raise FedflockError(f"--resume: config differs from {self.config_path}")
+            if has_checkpoint:
+                return True
+            warnings.warn(f"--resume: {self.path} has no checkpoint yet; starting from round 1",
+                          stacklevel=2)
+        elif has_checkpoint or (self.path / "summary.json").exists():
             raise FedflockError(
-                f"run directory {self.path} already holds a run; use --resume or another --out"
-            )
+                f"run directory {self.path} already holds a run; use --resume or another --out")
+        elif self.metrics_path.exists():
+            warnings.warn(f"{self.path} holds an unfinished run without a checkpoint; starting "
+                          "it afresh", stacklevel=2)
         (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (self.path / "config.yaml").write_text(config_text)
+        self.metrics_path.unlink(missing_ok=True)
+        write_text(self.config_path, config_text)
+        return False
 
+    # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(self.checkpoint_path)
+        with atomic_open(self.checkpoint_path, "wb") as fh:
+            torch.save(storable({"format": CHECKPOINT_FORMAT, **state}), fh)
 
-    def load_checkpoint(self) -> dict[str, Any]:
-        """The last checkpoint; the metrics logged after it are dropped (they are re-run)."""
-        state = torch.load(self.checkpoint_path, weights_only=False)
-        done = state["round"]
-        if self.metrics_path.exists():
-            lines = [ln for ln in self.metrics_path.read_text().splitlines()
-                     if ln and json.loads(ln)["round"] <= done]
-            self.metrics_path.write_text("".join(ln + "\n" for ln in lines))
+    def load_checkpoint(self, algorithm: str | None = None) -> dict[str, Any]:
+        """The last checkpoint to resume from (`read_checkpoint`); the metrics logged after it
+        are dropped (they are re-run)."""
+        state = self.read_checkpoint(algorithm)
+        self.truncate_metrics(state["round"])
         return state
 
-    def metrics_log(self) -> IO[str]:
-        return self.metrics_path.open("a")
+    def read_checkpoint(self, algorithm: str | None = None) -> dict[str, Any]:
+        """The last checkpoint, read without running any code and checked to be a checkpoint of
+        `algorithm`. Every problem is one line naming the file."""
+        path = self.checkpoint_path
+        try:
+            state = torch.load(path, weights_only=True, map_location="cpu")
+        except FileNotFoundError:
+            raise FedflockError(f"{path}: no checkpoint") from None
+        except Exception as err:  # empty, truncated, not a zip, or unsafe content
+            reason = _unsafe_reason(err) if isinstance(err, pickle.UnpicklingError) else \
+                f"empty, truncated or not a checkpoint ({type(err).__name__})"
+            raise FedflockError(f"{path}: not a usable checkpoint: {reason}") from None
+        problem = self._problem(state, algorithm)
+        if problem:
+            raise FedflockError(f"{path}: {problem}")
+        return state
 
+    @staticmethod
+    def _problem(state: Any, algorithm: str | None) -> str | None:
+        if not isinstance(state, dict) or not isinstance(state.get("algorithm"), dict):
+            return "not a fedflock checkpoint"
+        if state.get("format") != CHECKPOINT_FORMAT:
+            return (f"checkpoint format {state.get('format', 1)!r}, this fedflock reads "
+                    f"{CHECKPOINT_FORMAT}; start the run afresh")
+        if not isinstance(state.get("round"), int) or state["round"] < 0:
+            return f"round {state.get('round')!r} is not a round number"
+        if algorithm is not None and state.get("algorithm_name") != algorithm:
+            return (f"a checkpoint of algorithm {state.get('algorithm_name')!r}, the run's "
+                    f"config says {algorithm!r}")
+        return None
+
+    # -- metrics -------------------------------------------------------------------------------
+    def truncate_metrics(self, done: int) -> None:
+        """Keep the records of rounds up to `done`; a torn or unreadable line is dropped."""
+        if not self.metrics_path.exists():
+            return
+        kept, torn = [], 0
+        for line in self.metrics_path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                torn += 1
+                continue
+            if isinstance(record, dict) and isinstance(record.get("round"), int) \
+                    and record["round"] <= done:
+                kept.append(line)
+        if torn:
+            warnings.warn(f"{self.metrics_path}: dropped {torn} unreadable line(s) (a run "
+                          "killed while writing)", stacklevel=2)
+        write_text(self.metrics_path, "".join(ln + "\n" for ln in kept))
+
+    @contextmanager
+    def metrics_log(self) -> Iterator[MetricsLog]:
+        with self.metrics_path.open("a") as fh:
+            yield MetricsLog(fh)
+
+    # -- results -------------------------------------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.path / "summary.json", summary)
 
-    def write_matrices(self, matrices: list[tuple[list[int], np.ndarray]]) -> None:
-        """The similarity matrix behind each decision that kept one (splits/split_NN.npz)."""
-        if not matrices:
-            return
+    def write_matrix(self, index: int, members: list[int], matrix: np.ndarray) -> None:
+        """The similarity matrix behind decision `index` (splits/split_NN.npz)."""
         folder = self.path / "splits"
         folder.mkdir(exist_ok=True)
-        for i, (members, matrix) in enumerate(matrices):
-            np.savez(folder / f"split_{i:02d}.npz", members=np.asarray(members),
-                     similarity=np.asarray(matrix))
+        with atomic_open(folder / f"split_{index:02d}.npz", "wb") as fh:
+            np.savez(fh, members=np.asarray(members), similarity=np.asarray(matrix))
+
+
+class MetricsLog:
+    """metrics.jsonl: one strict-JSON record per round, on the disk before the next round."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh = fh
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.fh.write(json_text(record) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())

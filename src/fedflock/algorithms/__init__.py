@@ -14,7 +14,7 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     oracle,
     robust,
 )
-from fedflock.algorithms.base import Algorithm, AlgorithmContext, Decision
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Decision
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.config import AlgorithmConfig, format_validation_error
 from fedflock.errors import ConfigError
@@ -32,4 +32,5 @@ def validate_params(cfg: AlgorithmConfig) -> BaseModel:
         raise ConfigError(format_validation_error(err, "algorithm")) from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmContext", "Decision", "validate_params"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmContext", "AlgorithmParams", "Decision",
+           "validate_params"]

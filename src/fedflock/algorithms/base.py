@@ -22,8 +22,14 @@ from fedflock.client.task import Reply, Task
 from fedflock.models import ModelHandle
 
 
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AlgorithmParams(BaseModel):
+    """Base of every algorithm's parameters: an unknown key or a non-finite number is a config
+    error, never a silent default or an infinite threshold."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+NoParams = AlgorithmParams
 
 
 @dataclass
@@ -88,7 +94,10 @@ class Decision:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Decision:
-        return cls(**state)
+        matrix = state.get("matrix")
+        if matrix is not None:  # stored as a tensor (checkpoints hold no numpy objects)
+            matrix = (list(matrix[0]), np.asarray(matrix[1]))
+        return cls(**{**state, "matrix": matrix})
 
 
 class Algorithm(ABC):
@@ -150,6 +159,17 @@ class Algorithm(ABC):
 
     def record(self, decision: Decision) -> None:
         self.decisions.append(decision)
+
+    def take_matrices(self) -> list[tuple[int, list[int], np.ndarray]]:
+        """(decision index, client ids, similarity) of the decisions still holding a matrix,
+        which they then forget: the run writes each to splits/ once, so neither memory nor
+        checkpoints grow with them."""
+        out = []
+        for index, decision in enumerate(self.decisions):
+            if decision.matrix is not None:
+                out.append((index, *decision.matrix))
+                decision.matrix = None
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"decisions": [d.to_state() for d in self.decisions]}

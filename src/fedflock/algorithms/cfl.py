@@ -31,9 +31,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from fedflock.algorithms.base import Cluster, Decision
+from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
@@ -43,8 +43,7 @@ from fedflock.clustering.split_stats import SplitStats
 from fedflock.similarity import cosine_from_gram, gram_matrix
 
 
-class CFLParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CFLParams(AlgorithmParams):
     split_rule: Literal["auto", "eps"] = Field(
         "auto", description="auto: scale-free pseudo-F of the bipartition; eps: the paper's "
         "eps1/eps2 norms")

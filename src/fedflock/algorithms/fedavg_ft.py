@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedflock.algorithms.base import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train
 
 
-class FineTuneParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FineTuneParams(AlgorithmParams):
     finetune_epochs: int = Field(3, ge=1, description="local epochs of the final fine-tuning")
 
 

@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from fedflock.algorithms.base import Algorithm, AlgorithmContext, Decision
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Decision
 from fedflock.algorithms.clustered import weighted_mean
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
@@ -43,8 +43,7 @@ from fedflock.clustering.seeding import farthest_point_seeds, nearest_seed
 from fedflock.similarity import cosine_matrix
 
 
-class IFCAParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class IFCAParams(AlgorithmParams):
     clusters: int = Field(2, ge=1, description="K, the number of cluster models")
     criterion: str = Field("loss", description="how a client picks its model (the select "
                            "task's criterion: loss as the paper, or accuracy)")

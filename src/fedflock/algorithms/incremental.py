@@ -35,9 +35,9 @@ import time
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from fedflock.algorithms.base import Cluster, Decision
+from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
@@ -54,8 +54,7 @@ from fedflock.similarity.incremental import IncrementalSimilarity
 MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not written to splits/
 
 
-class IncrementalParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class IncrementalParams(AlgorithmParams):
     similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
         "cosine", description="measure between the stored latest updates")
     warmup_rounds: int = Field(10, ge=1, description="rounds of FedAvg before clustering")

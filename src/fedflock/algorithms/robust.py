@@ -4,8 +4,9 @@ clustering is compared against under model poisoning (rules in `fedflock.robust`
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedflock.algorithms.base import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply
@@ -24,8 +25,7 @@ class Median(ClusteredAlgorithm):
         return coordinate_median(_stack(replies))
 
 
-class TrimmedMeanParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TrimmedMeanParams(AlgorithmParams):
     beta: float = Field(0.2, ge=0, lt=0.5, description="fraction trimmed at each end")
 
 
@@ -38,8 +38,7 @@ class TrimmedMean(ClusteredAlgorithm):
         return trimmed_mean(_stack(replies), self.params.beta)
 
 
-class KrumParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KrumParams(AlgorithmParams):
     byzantine: float = Field(0.2, ge=0, lt=0.5,
                              description="assumed Byzantine share f/n of a round's replies")
     selected: int | None = Field(1, ge=1, description="updates averaged (None: n - f)")

@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import io
 import os
+import pickle
 import struct
 import zipfile
 import zlib
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -210,20 +212,51 @@ _CIFAR_CLASSES = [
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
-def _cifar_batches(folder: Path) -> dict:
-    import pickle
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles the official CIFAR-10 python batches and nothing else: dicts, lists, bytes,
+    strings, numbers and numpy arrays of plain dtypes. Any other global a file asks for is
+    refused before it is looked up, so a crafted batch cannot run code."""
 
+    ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images (n, 3, 32, 32) uint8, labels (n,) int64) of one batch file, checked."""
+    with open(path, "rb") as fh:
+        batch = _BatchUnpickler(fh, encoding="bytes").load()
+    if not isinstance(batch, dict):
+        raise ValueError(f"a {type(batch).__name__}, expected a dict")
+    data, labels = batch[b"data"], batch[b"labels"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+            or data.shape[1] != 3 * 32 * 32:
+        raise ValueError("b'data' is not a uint8 array of 3072 columns")
+    if not isinstance(labels, list) or len(labels) != len(data) or not all(
+            isinstance(v, int) and 0 <= v < 10 for v in labels):
+        raise ValueError("b'labels' is not a list of one class 0..9 per image")
+    return data.reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
+
+
+def _cifar_batches(folder: Path) -> dict:
     def read(names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ys = [], []
         for name in names:
             try:
-                with open(folder / name, "rb") as fh:
-                    batch = pickle.load(fh, encoding="bytes")
-                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-                ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
-            except (OSError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as exc:
-                raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({exc}); "
+                x, y = _read_cifar_batch(folder / name)
+            except Exception as exc:  # any failure of an untrusted file is a data error
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({reason}); "
                                 f"replace it from {_SOURCES['cifar10']}") from None
+            xs.append(x)
+            ys.append(y)
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
     xtr, ytr = read([f"data_batch_{i}" for i in range(1, 6)])

@@ -23,6 +23,7 @@ the most training samples, each keeping its own first `samples_per_client` / `te
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,6 +293,17 @@ def _warn_reuse(ds: Dataset, train_pool: _Pool, test_pool: _Pool, label_skew: bo
                                           + "; ".join(parts)), stacklevel=3)
 
 
+def _check_footprint(ds: Dataset, samples: int) -> None:
+    """Refuse a federation that cannot fit in half of this machine's memory: a slip such as
+    `samples_per_client: 1e8` would otherwise draw samples for hours before failing."""
+    need = samples * 4 * math.prod(ds.input_shape)  # float32 inputs
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > memory / 2:
+        raise ConfigError(f"data.samples_per_client / data.clients: {samples:,} samples of "
+                          f"{ds.name} need {need / 2**30:,.1f} GiB, more than half of this "
+                          f"machine's memory ({memory / 2**30:.0f} GiB)")
+
+
 def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = None
                          ) -> FederatedData:
     """Clients' train/test splits plus the hidden group of every client.
@@ -330,6 +342,7 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
     if partition == "quantity_skew":
         sizes = _quantity_sizes(n_train * m, m, sc.quantity_sigma, rng)
 
+    _check_footprint(ds, int(sizes.sum()) + n_test * m)
     train_pool = _Pool(ytr, ds.num_classes, rng)
     test_pool = _Pool(yte, ds.num_classes, rng)
     shifts = _group_shifts(sc, k, ds.num_classes, shift_seed)

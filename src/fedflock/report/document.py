@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedflock.errors import FedflockError
+from fedflock.fileio import write_text
 from fedflock.report import plots
 from fedflock.report.load import (
     CompareData,
@@ -77,11 +78,12 @@ def run_figures(run: RunData, out: Path, prefix: str = "", accuracy: bool = True
         add(lambda p: plots.plot_run_accuracy(run, p), "accuracy", "Accuracy",
             CAPTIONS["accuracy"])
     add(lambda p: plots.plot_norms(run, p), "norms", "Split diagnostics", CAPTIONS["norms"])
-    for i in range(len(run.matrices)):
-        split = run.splits[i] if i < len(run.splits) else {}
+    for i, matrix in enumerate(run.matrices):
+        d = matrix.decision
+        split = run.splits[d] if d < len(run.splits) else {}
         when = f" (round {split['round']})" if "round" in split else ""
-        add(lambda p, i=i: plots.plot_split_heatmap(run, i, p), f"split_{i:02d}",
-            f"Split {i + 1}{when}", CAPTIONS["split"])
+        add(lambda p, i=i: plots.plot_split_heatmap(run, i, p), f"split_{d:02d}",
+            f"Split {d + 1}{when}", CAPTIONS["split"])
     add(lambda p: plots.plot_tree(run, p), "tree", "Cluster tree", CAPTIONS["tree"])
     return made
 
@@ -153,7 +155,7 @@ def _figures_md(figures: list[Figure], level: str = "###") -> str:
 def _write(out: Path, text: str) -> Path:
     path = out / "report.md"
     try:
-        path.write_text(text)
+        write_text(path, text)
     except OSError as err:
         raise FedflockError(f"{path}: cannot write ({err.strerror})") from None
     return path

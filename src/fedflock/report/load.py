@@ -25,10 +25,12 @@ SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
 @dataclass
 class SplitMatrix:
-    """The cosine matrix of one split, rows in the order of `members` (client ids)."""
+    """The similarity matrix behind decision `decision` (its index in the summary's `splits`),
+    rows in the order of `members` (client ids)."""
 
     members: list[int]
     similarity: np.ndarray
+    decision: int = 0
 
 
 @dataclass
@@ -135,11 +137,13 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _read_matrices(folder: Path) -> list[SplitMatrix]:
     out = []
-    for file in sorted(folder.glob("split_*.npz")):
+    files = [(int(m.group(1)), f) for f in folder.glob("split_*.npz")
+             if (m := re.fullmatch(r"split_(\d+)\.npz", f.name))]
+    for index, file in sorted(files):
         try:
             with np.load(file) as npz:
                 out.append(SplitMatrix([int(m) for m in npz["members"]],
-                                       np.asarray(npz["similarity"], dtype=float)))
+                                       np.asarray(npz["similarity"], dtype=float), index))
         except (OSError, KeyError, ValueError) as err:
             raise FedflockError(f"{file}: not a split file ({err})") from None
     return out

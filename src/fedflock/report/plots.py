@@ -276,11 +276,12 @@ def _group_strip(ax: Axes, groups: np.ndarray, cmap: ListedColormap, vertical: b
 
 
 def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
-    """Cosine similarity of the clients' updates at split `index`, grouped by the two parts."""
+    """Cosine similarity of the clients' updates at the `index`-th saved matrix, grouped by the
+    parts of the decision it belongs to."""
     if index >= len(run.matrices):
         return None
     matrix = run.matrices[index]
-    split = run.splits[index] if index < len(run.splits) else {}
+    split = run.splits[matrix.decision] if matrix.decision < len(run.splits) else {}
     order, sizes = split_order(matrix.members, split)
     sim = matrix.similarity[np.ix_(order, order)]
     clients = [matrix.members[i] for i in order]
