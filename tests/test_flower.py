@@ -1,7 +1,7 @@
 """fedflock on real Flower processes on 127.0.0.1: a SuperLink and one SuperNode per client.
 
-Every process is torn down when a test ends, also on failure (LocalDeployment is a context
-manager killing whole process groups).
+Every process is torn down when a test ends, also on failure (LocalDeployment ends every process
+it started and their descendants, and the tests check that none is left).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from fedflock.engines.flower.local import LocalDeployment
+from fedflock.engines.flower.processes import processes_carrying
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
 from tests.conftest import apply_dotted
@@ -57,6 +58,7 @@ def test_masked_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: P
         submitted = deployment.submit(DEMO, out, f"round-timeout=60.0 {_overrides(FAST)}")
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         summary = _wait_for(out / "summary.json", deployment)
+    assert processes_carrying(deployment.owned.token) == []
     assert summary["engine"] == "flower"
     assert summary["clusters"] == embedded["clusters"]
     assert summary["ari"] == embedded["ari"] == 1.0
@@ -102,7 +104,7 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
     assert all(0.0 <= a <= 1.0 for i, a in enumerate(per_client) if i != killed), per_client
     # No cluster model was corrupted: every parameter is finite, and the one client whose
     # updates were all accepted learned from them.
-    state = torch.load(out / "checkpoints" / "last.pt", weights_only=False)["algorithm"]
+    state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["algorithm"]
     assert all(torch.isfinite(c["params"]).all() for c in state["clusters"])
     assert per_client[0] > 0.3
 
@@ -141,6 +143,7 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
                            "--out", str(out), "-q"], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert processes_carrying() == []  # flwr's detached SuperLink and Ray ended too
     summary = json.loads((out / "summary.json").read_text())
     assert summary["engine"] == "flower"
     assert summary["clusters"] == embedded["clusters"]

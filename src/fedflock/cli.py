@@ -54,7 +54,7 @@ def run(config: Path, set_: SetOpt = None,
     if cfg.engine == "flower":  # Flower's simulation runtime, through `flwr run`
         from fedflock.engines.flower.simulation import run_simulation
 
-        summary = run_simulation(config, set_ or [], out, cfg.data.clients)
+        summary = run_simulation(config, set_ or [], out, cfg.data.clients, resume=resume)
     else:
         summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
     metric = summary.get("primary_metric", "accuracy")
@@ -126,6 +126,14 @@ def assign(run_dir: Path,
     typer.echo(f"routed to its own group's cluster: {result['routed_correctly']:.0%}, "
                f"mean accuracy {result['accuracy_mean']:.4f}")
     write_json(run_dir / "assign.json", result)
+
+
+@app.command("flower-app")
+def flower_app() -> None:
+    """Print the folder of fedflock's Flower App, for `flwr run "$(fedflock flower-app)" ...`."""
+    from fedflock.engines.flower.local import APP
+
+    typer.echo(str(APP))
 
 
 @app.command("list")

@@ -156,6 +156,16 @@ class PrivacyConfig(_Strict):
     mask_seed: int = Field(12345, description="shared by clients only, never used by the server")
 
 
+class ServerConfig(_Strict):
+    """Checks the server makes of every reply beyond its task's own (dtype, shape, finite,
+    declared example count: always on)."""
+
+    norm_bound: float | None = Field(
+        100.0, gt=1, description="refuse an update whose norm exceeds this multiple of the "
+        "median norm of the updates computed from the same model in its round (groups of 3 or "
+        "more); null turns it off (the papers' setting)")
+
+
 class ExperimentConfig(_Strict):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     rounds: int = Field(50, ge=1)
@@ -167,6 +177,7 @@ class ExperimentConfig(_Strict):
     participation: ParticipationConfig = Field(default_factory=ParticipationConfig)
     attack: AttackConfig | None = None
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     checkpoint_every: int = Field(10, ge=1)
     eval_every: int = Field(1, ge=1)
 

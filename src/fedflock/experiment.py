@@ -74,8 +74,9 @@ class Run:
         cfg = self.config
         if engine is None and cfg.engine == "flower":
             raise FedflockError("engine 'flower' runs through Flower: `fedflock run` (simulation) "
-                                "or `flwr run examples/flower-deployment` (see README)")
+                                "or `flwr run \"$(fedflock flower-app)\"` (see README)")
         engine = engine or EmbeddedEngine.from_config(cfg)
+        engine.norm_bound = cfg.server.norm_bound
         try:  # every config error is raised before the run directory is touched
             algorithm = build_algorithm(cfg, engine)
             with self.dir.locked():

@@ -9,6 +9,7 @@ algorithm may know of the federation comes through its `AlgorithmContext`.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 
 from fedflock.client.task import Reply, Task
 from fedflock.models import ModelHandle
+
+log = logging.getLogger("fedflock.algorithm")
 
 
 class AlgorithmParams(BaseModel):
@@ -112,6 +115,7 @@ class Algorithm(ABC):
         self.num_clients = context.num_clients
         self.update_size = context.update_size
         self.decisions: list[Decision] = []
+        self.kept: list[str] = []  # models kept this round because their aggregate overflowed
 
     @abstractmethod
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
@@ -156,6 +160,17 @@ class Algorithm(ABC):
         """The decision thresholds a report can draw: `statistic` (a per-cluster round figure
         such as `pseudo_f` or `mean_norm`), `value` and `label`."""
         return []
+
+    def step(self, model: torch.Tensor, update: torch.Tensor, what: str) -> torch.Tensor:
+        """`model + update`, or `model` unchanged when that is not finite: an aggregate that
+        overflowed never replaces a model (the cause is logged and reported in the round's
+        record as `kept_models`)."""
+        new = model + update.to(model.dtype)
+        if bool(torch.isfinite(new).all()):
+            return new
+        self.kept.append(what)
+        log.warning("%s: the aggregate is not finite; the previous model is kept", what)
+        return model
 
     def record(self, decision: Decision) -> None:
         self.decisions.append(decision)

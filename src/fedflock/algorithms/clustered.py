@@ -162,7 +162,7 @@ class ClusteredAlgorithm(Algorithm):
         if not replies:
             return None
         mean = self.combine(replies)
-        cluster.params = cluster.params + mean.to(cluster.params.dtype)
+        cluster.params = self.step(cluster.params, mean, f"cluster {cluster.id}")
         return mean
 
     def model_of(self, client: int) -> torch.Tensor:
@@ -202,6 +202,7 @@ def weighted_mean(replies: list[Reply]) -> torch.Tensor:
     reduction is not)."""
     total = float(sum(r.num_examples for r in replies))
     acc = torch.zeros_like(replies[0].update)
-    for reply in replies:
-        acc.add_(reply.update, alpha=reply.num_examples / total)
+    for reply in replies:  # no examples at all: every reply counts the same
+        acc.add_(reply.update, alpha=reply.num_examples / total if total > 0
+                 else 1 / len(replies))
     return acc

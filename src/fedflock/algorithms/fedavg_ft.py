@@ -35,7 +35,9 @@ class FedAvgFineTune(ClusteredAlgorithm):
                 for c in clients]
 
     def finalize(self, replies: list[Reply]) -> None:
-        self.personal = {r.client: self.model_of(r.client) + r.update for r in replies}
+        self.personal = {r.client: self.step(self.model_of(r.client), r.update,
+                                             f"client {r.client}'s fine-tuned model")
+                         for r in replies}
         self.finetuned = True
 
     def model_of(self, client: int) -> torch.Tensor:

@@ -111,7 +111,8 @@ class IFCA(Algorithm):
         for model in range(k):
             chosen = [r for r in replies if r.choice == model]
             if chosen:  # an empty cluster keeps its model
-                self.models[model] = self.models[model] + weighted_mean(chosen)
+                self.models[model] = self.step(self.models[model], weighted_mean(chosen),
+                                              f"model {model}")
         self._stack = None
         return {"choices": counts, "changed": changed}
 
@@ -128,7 +129,8 @@ class IFCA(Algorithm):
         for model in range(len(seeds)):  # with fewer replies than K the rest stay random
             chosen = [r for r, near in zip(replies, nearest, strict=True) if near == model]
             if chosen:  # a seed whose update is all zero may attract no one, itself included
-                self.models[model] = self.context.initial + weighted_mean(chosen)
+                self.models[model] = self.step(self.context.initial,
+                                              weighted_mean(chosen), f"model {model}")
             members[model] = [r.client for r in chosen]
             for r in chosen:
                 self.choice[r.client] = model

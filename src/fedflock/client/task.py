@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -69,6 +69,9 @@ class Task:
     # Tasks whose `run_many` shares work between clients (one pass per shared model): executors
     # keep neighbours together instead of balancing them one by one.
     shares_work: ClassVar[bool] = False
+    # A reply's example count is the client's training-set size (checked against what it
+    # declared on joining); tasks over other data (held-out, server probes) say False.
+    counts_training_examples: ClassVar[bool] = True
     client: int
     round: int
 
@@ -111,6 +114,12 @@ class Task:
         return [t.run(runtime) for t in tasks]
 
     # -- what the server accepts ---------------------------------------------------------------
+    def update_base(self, reply: Reply) -> Hashable | None:
+        """What the reply's `update` was computed from (e.g. the identity of the model sent),
+        so the server compares its norm with those of the updates from the same model; None
+        when the reply carries no update."""
+        return None
+
     def check(self, reply: Reply) -> None:
         """Raise `InvalidReply` unless `reply` is a well-formed answer to this task."""
         if reply.client != self.client:
@@ -132,18 +141,17 @@ def register_task(cls: TaskType) -> TaskType:
     return cls
 
 
-def check_tensor(reply: Reply, name: str, shape: Sequence[int] | None = None,
-                 floating: bool = True) -> torch.Tensor:
+def check_tensor(reply: Reply, name: str, shape: Sequence[int] | None = None) -> torch.Tensor:
     """The named tensor of a reply, refused unless it has this shape and is finite floating
-    point (or an integer tensor when `floating` is False)."""
+    point (the engine checks the agreed width)."""
     value = reply.tensors.get(name)
     if value is None:
         raise InvalidReply(f"reply without {name!r}")
-    if floating != value.is_floating_point():
+    if not value.is_floating_point():
         raise InvalidReply(f"{name!r} has dtype {value.dtype}")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise InvalidReply(f"{name!r} of shape {tuple(value.shape)}, expected {tuple(shape)}")
-    if floating and not torch.isfinite(value).all():
+    if not torch.isfinite(value).all():
         raise InvalidReply(f"{name!r} contains NaN or Inf")
     return value
 

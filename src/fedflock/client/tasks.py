@@ -90,6 +90,9 @@ class Train(Task):
         return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
                      data.num_train)
 
+    def update_base(self, reply: Reply) -> int:
+        return id(self.params)
+
     def check(self, reply: Reply) -> None:
         _check_update(self, reply, int(self.params.shape[-1]))
 
@@ -110,6 +113,9 @@ class Gradient(Task):
                                      runtime.objective)
         return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
                      data.num_train)
+
+    def update_base(self, reply: Reply) -> int:
+        return id(self.params)
 
     def check(self, reply: Reply) -> None:
         _check_update(self, reply, int(self.params.shape[-1]))
@@ -166,6 +172,9 @@ class Select(Task):
             tensors["update"] = reply.update
             metrics["loss"] = reply.loss
         return Reply(self.client, tensors, metrics, runtime.num_examples(self.client))
+
+    def update_base(self, reply: Reply) -> tuple[int, int | None] | None:
+        return (id(self.models), reply.choice) if self.train else None
 
     def check(self, reply: Reply) -> None:
         k, size = self.models.shape
@@ -243,6 +252,7 @@ class Evaluate(Task):
 
     kind = "evaluate"
     shares_work = True
+    counts_training_examples = False  # held-out samples
     params: torch.Tensor
     split: str = "test"
 
@@ -297,6 +307,7 @@ class Responses(Task):
     """Softmax outputs of the sent model on server-provided `inputs` (DistFL-style probes)."""
 
     kind = "responses"
+    counts_training_examples = False  # the server's probe inputs
     params: torch.Tensor
     inputs: torch.Tensor
 

@@ -1,9 +1,15 @@
 """What every engine does: move tasks to clients and replies back, and nothing else.
 
 The round logic shared by all engines lives here (ask the algorithm for tasks, run them, check and
-hand the replies back, evaluate); an engine only says how tasks reach the clients. Every reply is
-checked by the task it answers (`Task.check`) before any algorithm sees it: a refused reply is
-logged with its reason and the round goes on without it.
+hand the replies back, evaluate); an engine only says how tasks reach the clients.
+
+The server trusts no reply. Before any algorithm sees one it must (1) answer a task sent to that
+client, once; (2) carry only floating-point tensors of the agreed width; (3) report as many
+training examples as the client declared when it joined (aggregation weights are the server's
+record, a reply cannot change them); (4) pass its task's own check (`Task.check`: shapes,
+finiteness, metrics); and (5) have an update norm within `norm_bound` times the median norm of
+the updates computed from the same model in that round. A refused reply is logged with its
+reason in `rejected` and the round goes on without it; nothing a client sends ends the run.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from fedflock.models import ModelHandle
 from fedflock.robust import Adversary
 
 MAX_FINAL_STEPS = 32  # final task rounds (e.g. one per level of a parameter tree)
+MIN_NORM_GROUP = 3  # updates from one model needed before a median norm means anything
 log = logging.getLogger("fedflock.engine")
 
 
@@ -35,6 +42,9 @@ class Engine(ABC):
         self.rejected: list[dict[str, Any]] = []  # replies refused (NaN, wrong shape, errors)
         self.adversary: Adversary | None = None  # model poisoning by malicious clients
         self.communication = {"down_floats": 0, "up_floats": 0}
+        self.declared: dict[int, int] = {}  # client -> training examples declared on joining
+        self.dtype = torch.float32  # the agreed type of every tensor exchanged
+        self.norm_bound: float | None = None  # refuse updates beyond this x the median norm
 
     @property
     @abstractmethod
@@ -82,26 +92,72 @@ class Engine(ABC):
         return None
 
     # -- the shared round logic --------------------------------------------------------------
-    def refuse(self, rnd: int, client: int, reason: str) -> None:
-        self.rejected.append({"round": rnd, "client": client, "reason": reason})
-        log.warning("round %d: refused the reply of client %d: %s", rnd, client, reason)
+    def refuse(self, rnd: int, client: int | None, reason: str, **where: Any) -> None:
+        self.rejected.append({"round": rnd, "client": client, "reason": reason, **where})
+        who = f"client {client}" if client is not None else ", ".join(
+            f"{k} {v}" for k, v in where.items())
+        log.warning("round %d: refused the reply of %s: %s", rnd, who, reason)
+
+    def check_reply(self, task: Task, reply: Reply) -> None:
+        """What every reply must satisfy, whatever its task: agreed tensor types, the declared
+        example count, then the task's own check. Raises InvalidReply."""
+        for name, value in reply.tensors.items():
+            if not isinstance(value, torch.Tensor) or value.dtype != self.dtype:
+                kind = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+                raise InvalidReply(f"{name!r} has type {kind}, the agreed {self.dtype}")
+        count = reply.num_examples
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidReply(f"num_examples {count!r} is not a count")
+        declared = self.declared.get(reply.client)
+        if task.counts_training_examples and declared is not None and count != declared:
+            raise InvalidReply(f"reports {count} training examples, declared {declared} on "
+                               "joining")
+        task.check(reply)
 
     def accept(self, rnd: int, tasks: list[Task], replies: list[Reply]) -> list[Reply]:
-        """The replies their task accepts (one task per client); the others are refused."""
+        """The replies that pass every check (one per task's client); the others are refused."""
         by_client = {t.client: t for t in tasks}
-        kept = []
+        kept: dict[int, Reply] = {}
         for reply in replies:
             task = by_client.get(reply.client)
-            if task is None:
-                self.refuse(rnd, reply.client, "a reply to no task")
+            if task is None or reply.client in kept:
+                self.refuse(rnd, reply.client, "a reply to no task" if task is None
+                            else "a second reply to one task")
                 continue
             try:
-                task.check(reply)
+                self.check_reply(task, reply)
             except InvalidReply as err:
                 self.refuse(rnd, reply.client, str(err))
                 continue
-            kept.append(reply)
-        return kept
+            kept[reply.client] = reply
+        return self.bound_norms(rnd, by_client, list(kept.values()))
+
+    def bound_norms(self, rnd: int, tasks: dict[int, Task], replies: list[Reply]
+                    ) -> list[Reply]:
+        """Refuse updates whose norm exceeds `norm_bound` times the median norm of the updates
+        computed from the same model this round (groups of at least MIN_NORM_GROUP): a finite
+        1e38 must not reach an average. Off when `norm_bound` is None."""
+        if self.norm_bound is None:
+            return replies
+        groups: dict[Any, list[Reply]] = {}
+        for reply in replies:
+            base = tasks[reply.client].update_base(reply)
+            if base is not None and "update" in reply.tensors:
+                groups.setdefault(base, []).append(reply)
+        refused: set[int] = set()
+        for group in groups.values():
+            if len(group) < MIN_NORM_GROUP:
+                continue
+            norms = [float(r.update.double().norm()) for r in group]
+            median = float(np.median(norms))
+            if median <= 0:
+                continue
+            for reply, norm in zip(group, norms, strict=True):
+                if norm > self.norm_bound * median:
+                    refused.add(reply.client)
+                    self.refuse(rnd, reply.client, f"update norm {norm:.4g} exceeds "
+                                f"{self.norm_bound:g} x the median {median:.4g} of its cluster")
+        return [r for r in replies if r.client not in refused]
 
     def exchange(self, rnd: int, tasks: list[Task]) -> list[Reply]:
         """Send tasks, collect the replies (malicious ones poisoned on their way: the server
@@ -131,6 +187,8 @@ class Engine(ABC):
         t3 = time.perf_counter()
         losses = [r.loss for r in replies if "loss" in r.metrics]
         diagnostics["train_loss"] = round(sum(losses) / max(1, len(losses)), 6)
+        if algorithm.kept:
+            diagnostics["kept_models"], algorithm.kept = algorithm.kept, []
         return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
 
     def finish(self, algorithm: Algorithm, rnd: int, clients: list[int]) -> bool:

@@ -23,6 +23,8 @@ class EmbeddedEngine(Engine):
         super().__init__()
         self.runtime = runtime
         self.executor = executor
+        self.dtype = runtime.dtype
+        self.declared = {c: runtime.num_examples(c) for c in range(runtime.num_clients)}
 
     @classmethod
     def from_config(cls, config: ExperimentConfig) -> EmbeddedEngine:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from fedflock.config import ExperimentConfig
 from fedflock.data.spec import DataSpec
 from fedflock.engines.base import Engine
 from fedflock.engines.flower.codec import (
+    integer,
     message_type,
     record_tensors,
     reply_from_message,
@@ -46,49 +48,116 @@ class FlowerEngine(Engine):
         self.expected = config.data.clients
         self.model_cfg = config.model
         self.dtype = torch.float64 if config.training.dtype == "float64" else torch.float32
-        self.node_of: dict[int, int] = {}
-        self.client_of: dict[int, int] = {}
+        self.node_of: dict[int, int] = {}  # partition -> Flower node
+        self.client_of: dict[int, int] = {}  # Flower node -> partition
         self._groups = np.zeros(self.expected, dtype=np.int64)
+        self._reference: int | None = None  # partition whose node set the agreed values
+        self._agreed: dict[str, Any] = {}
+        self._first_node = 0
+        self._initial: torch.Tensor | None = None
+        self._update_size = 0
+        self._masked = False
+        self._data_spec: DataSpec | None = None
         self._connect()
 
     # -- handshake -----------------------------------------------------------------------
     def _connect(self) -> None:
+        """Query every node as it connects until each partition has one (or the connect
+        timeout passes); a node that fails, lies or duplicates a partition is refused and
+        logged, the others go on."""
         deadline = time.monotonic() + self.connect_timeout
-        nodes: list[int] = []
-        while time.monotonic() < deadline:
-            nodes = sorted(self.grid.get_node_ids())
-            if len(nodes) >= self.expected:
+        queried: set[int] = set()
+        while True:
+            new = sorted(set(self.grid.get_node_ids()) - queried)
+            if new:
+                queried.update(new)
+                self._handshake(new)
+            if len(self.node_of) == self.expected or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
-        if len(nodes) < self.expected:
-            raise FedflockError(f"flower: {len(nodes)} nodes connected, the config has "
-                                f"{self.expected} clients")
-        asks = [Message(RecordDict({"ask": ConfigRecord({"initial-models": int(i == 0)})}),
-                        node, "query") for i, node in enumerate(nodes)]
+        if self._reference is None or self._initial is None:
+            raise FedflockError(f"flower: no node gave a usable handshake within "
+                                f"{self.connect_timeout:.0f} s ({len(queried)} connected)")
+        absent = sorted(set(range(self.expected)) - set(self.node_of))
+        if absent:
+            log.warning("flower: no node for partition(s) %s; the run goes on without them",
+                        absent)
+
+    def _handshake(self, nodes: list[int]) -> None:
+        ask_models = self._reference is None  # the first node asked sends the initial model
+        asks = [Message(RecordDict({"ask": ConfigRecord({"initial-models": int(
+            ask_models and i == 0)})}), node, "query") for i, node in enumerate(nodes)]
         replies = list(self.grid.send_and_receive(asks, timeout=self.connect_timeout))
-        initial = None
-        self._masked = False
-        for reply in replies:
-            if reply.has_error():
-                raise FedflockError(f"flower: node {reply.metadata.src_node_id} failed: "
-                                    f"{reply.error.reason}")
-            info = reply.content.config_records["info"]
-            client = int(info["client"])
-            if client in self.node_of or not 0 <= client < self.expected:
-                raise FedflockError(f"flower: partition-id {client} is duplicated or outside "
-                                    f"0..{self.expected - 1}")
-            self.node_of[client] = reply.metadata.src_node_id
-            self.client_of[reply.metadata.src_node_id] = client
-            self._groups[client] = int(info["group"])
-            self._update_size = int(info["update-size"])
-            self._data_spec = DataSpec.from_dict(json.loads(str(info["data"])))
-            self._masked = self._masked or bool(info["masked"])
-            if len(reply.content.array_records["models"]):
-                initial = record_tensors(reply.content.array_records["models"])["models"]
-        if len(self.node_of) != self.expected or initial is None:
-            raise FedflockError(f"flower: {len(self.node_of)} of {self.expected} nodes answered")
-        self._initial = initial
-        self._first_node = nodes[0]
+        for reply in sorted(replies, key=lambda r: r.metadata.src_node_id):
+            node = reply.metadata.src_node_id
+            try:
+                if node not in nodes:
+                    raise InvalidReply("a node that was not asked")
+                self._admit(node, self._read_info(reply),
+                            reply if ask_models and node == nodes[0] else None)
+            except InvalidReply as err:
+                self.refuse(0, None, f"handshake: {err}", node=node)
+        if self._reference is not None and self._initial is None:
+            self._initial = self.initial_models(1)[0]
+
+    def _read_info(self, reply: Message) -> dict[str, Any]:
+        """What a node says of itself, checked for type and range. Raises InvalidReply."""
+        if reply.has_error():
+            raise InvalidReply(f"node error: {reply.error.reason}")
+        if "info" not in reply.content.config_records:
+            raise InvalidReply("no 'info' record")
+        info = reply.content.config_records["info"]
+        client = integer(info, "client", "handshake")
+        if not 0 <= client < self.expected:
+            raise InvalidReply(f"partition-id {client} outside 0..{self.expected - 1}")
+        examples = integer(info, "num-examples", "handshake")
+        if examples < 1:
+            raise InvalidReply(f"num-examples {examples} is not a positive count")
+        return {"client": client, "examples": examples,
+                "group": integer(info, "group", "handshake") if "group" in info else -1,
+                "agreed": {"update-size": integer(info, "update-size", "handshake"),
+                           "data": str(info.get("data", "")),
+                           "masked": bool(info.get("masked"))}}
+
+    def _admit(self, node: int, info: dict[str, Any], models: Message | None) -> None:
+        """Register a node under its partition: the partition must be free, and what every
+        node must agree on (model size, data description, masking) must match the first
+        admitted node's, the only one whose initial model and model size are taken."""
+        client, agreed = info["client"], info["agreed"]
+        if client in self.node_of:
+            raise InvalidReply(f"partition-id {client} already joined as node "
+                               f"{self.node_of[client]}")
+        if self._reference is None:
+            try:
+                spec = DataSpec.from_dict(json.loads(agreed["data"]))
+            except (ValueError, TypeError, KeyError) as err:
+                raise InvalidReply(f"unreadable data description ({err})") from None
+            if agreed["update-size"] < 1:
+                raise InvalidReply(f"update-size {agreed['update-size']} is not positive")
+            self._update_size = agreed["update-size"]
+            if models is not None:
+                self._initial = self._models(models, 1)[0]
+            self._data_spec, self._masked = spec, agreed["masked"]
+            self._reference, self._agreed, self._first_node = client, agreed, node
+        elif agreed != self._agreed:
+            differs = next(k for k in agreed if agreed[k] != self._agreed[k])
+            raise InvalidReply(f"{differs} differs from partition {self._reference}'s")
+        self.node_of[client] = node
+        self.client_of[node] = client
+        self.declared[client] = info["examples"]
+        self._groups[client] = info["group"]
+
+    def _models(self, reply: Message, count: int) -> torch.Tensor:
+        """`count` initial models from a query reply, checked like any reply."""
+        if reply.has_error():
+            raise InvalidReply(f"node error: {reply.error.reason}")
+        if "models" not in reply.content.array_records:
+            raise InvalidReply("no initial models")
+        models = record_tensors(reply.content.array_records["models"], self.dtype).get("models")
+        if models is None or models.dim() != 2 or len(models) != count \
+                or models.shape[1] < self._update_size or not torch.isfinite(models).all():
+            raise InvalidReply(f"initial models are not {count} finite parameter vectors")
+        return models
 
     # -- Engine --------------------------------------------------------------------------
     @property
@@ -112,18 +181,20 @@ class FlowerEngine(Engine):
         return self._data_spec
 
     def initial_models(self, count: int) -> torch.Tensor:
-        """The first is the handshake's; more are asked of the first node (they must be made
-        where the mask is known)."""
-        if count <= 1:
-            return self._initial.clone()
+        """The first is the handshake's; more are asked of the node that sent it (they must be
+        made where the mask is known)."""
+        if count <= 1 and self._initial is not None:
+            return self._initial[None].clone()
         ask = Message(RecordDict({"ask": ConfigRecord({"initial-models": count})}),
                       self._first_node, "query")
         reply = next(iter(self.grid.send_and_receive([ask], timeout=self.connect_timeout)), None)
-        if reply is None or reply.has_error():
-            reason = "no answer" if reply is None else reply.error.reason
+        try:
+            if reply is None:
+                raise InvalidReply("no answer")
+            return self._models(reply, count)
+        except InvalidReply as err:
             raise FedflockError(f"flower: node {self._first_node} failed to send {count} "
-                                f"initial models: {reason}")
-        return record_tensors(reply.content.array_records["models"])["models"]
+                                f"initial models: {err}") from None
 
     def model_handle(self) -> ModelHandle | None:
         if self._masked:
@@ -137,8 +208,9 @@ class FlowerEngine(Engine):
         return list(self.grid.send_and_receive(live, timeout=self.timeout)) if live else []
 
     def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        """Replies of the clients that answered; a client without a node is missing."""
         messages = [Message(task_content(t), self.node_of[t.client], message_type(t))
-                    for t in tasks]
+                    for t in tasks if t.client in self.node_of]
         replies = []
         for message in self._send(messages):
             client = self.client_of.get(message.metadata.src_node_id)
@@ -147,7 +219,7 @@ class FlowerEngine(Engine):
                             else "a reply from an unknown node")
                 continue
             try:
-                replies.append(reply_from_message(message, client))
+                replies.append(reply_from_message(message, client, self.dtype))
             except InvalidReply as err:
                 self.refuse(rnd, client, str(err))
         return sorted(replies, key=lambda r: r.client)

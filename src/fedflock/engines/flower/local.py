@@ -1,11 +1,14 @@
 """A real Flower deployment on loopback: one SuperLink and N SuperNodes as separate processes.
 
 For integration tests, benchmarks and trying the deployment on one machine. Every process is
-started in its own process group and torn down on exit, also when the body raises.
+started through `OwnedProcesses`: the SuperLink, the SuperNodes and everything they start
+(SuperExec, ClientApp processes) are ended on exit, also when the body raises or the process is
+sent SIGTERM, and nothing else is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +19,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-APP = Path(__file__).resolve().parents[4] / "examples" / "flower-deployment"
+from fedflock.engines.flower.processes import OwnedProcesses
+
+APP = Path(__file__).resolve().parent / "app"  # package data: works from any install
 
 
 def flower_env(home: Path) -> dict[str, str]:
@@ -45,15 +50,17 @@ class LocalDeployment:
         self.port = free_port()
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.superlink: subprocess.Popen | None = None
-        self.env = flower_env(self.workdir / "flwr-home")
+        self.owned = OwnedProcesses(flower_env(self.workdir / "flwr-home"))
+        self.env = self.owned.env
         self.flwr = shutil.which("flwr", path=self.env["PATH"]) or "flwr"
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = (self.workdir / f"{name}.log").open("w")
-        return subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=self.workdir)
+        with (self.workdir / f"{name}.log").open("w") as log:
+            return self.owned.start(args, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=self.workdir)
 
     def __enter__(self) -> LocalDeployment:
+        self.owned.__enter__()
         self.workdir.mkdir(parents=True, exist_ok=True)
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
@@ -94,30 +101,20 @@ class LocalDeployment:
     def submit(self, config: Path, out: Path, extra: str = "") -> subprocess.CompletedProcess:
         """`flwr run` the app on this deployment (returns once the run is submitted)."""
         run_config = f'config="{Path(config).resolve()}" out="{Path(out).resolve()}" {extra}'
-        return subprocess.run([self.flwr, "run", str(self.app), "local", "--run-config",
-                               run_config.strip()], env=self.env, capture_output=True,
-                              text=True, timeout=120, cwd=self.workdir)
+        return self.owned.run([self.flwr, "run", str(self.app), "local", "--run-config",
+                               run_config.strip()], timeout=120, cwd=self.workdir,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def kill_node(self, partition: int) -> None:
+        """SIGKILL a SuperNode's whole session (as a device losing power)."""
         proc = self.supernodes[partition]
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def close(self) -> None:
-        for proc in [*self.supernodes.values(), self.superlink]:
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for proc in [*self.supernodes.values(), self.superlink]:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        """End every process this deployment started, and their descendants."""
+        self.owned.__exit__(None, None, None)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -2,7 +2,8 @@
 
 Keys: `config` (path of the fedflock YAML), `set` (overrides `key.path=value`, separated by `;`),
 `out` (run directory written by the ServerApp), `round-timeout` (seconds to wait for replies),
-`plugins` (modules registering user components, separated by `;`, loaded by server and clients).
+`plugins` (modules registering user components, separated by `;`, loaded by server and clients),
+`resume` (true: continue the run in `out` from its last checkpoint).
 """
 
 from __future__ import annotations

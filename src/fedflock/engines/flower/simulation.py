@@ -1,41 +1,27 @@
 """`fedflock run` with `engine: flower`: the experiment through Flower's simulation runtime.
 
-It runs the Flower App in `examples/flower-deployment` with `flwr run` on a throw-away local
-federation (`address = ":local:"`, one simulated SuperNode per client, Ray backend), then stops
-the local SuperLink that `flwr` started for it. The run directory is the same as ever.
+It runs fedflock's Flower App (`fedflock.engines.flower.APP`, shipped inside the package) with
+`flwr run` on a throw-away local federation (`address = ":local:"`, one simulated SuperNode per
+client, Ray backend). `flwr` starts a local SuperLink of its own, which outlives `flwr run`:
+every process started here carries a token (`OwnedProcesses`) and all of them, and only they,
+are ended when the run is over, fails or is interrupted. The run directory is the same as ever.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from fedflock.engines.flower.local import APP, flower_env
+from fedflock.engines.flower.processes import OwnedProcesses
 from fedflock.errors import FedflockError
 
 
-def _stop_processes_mentioning(text: str) -> None:
-    """Stop what `flwr` left running for this throw-away home (its detached SuperLink)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and int(entry.name) != os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGTERM)
-
-
 def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: int,
-                   timeout: float = 3600.0) -> dict[str, Any]:
+                   resume: bool = False, timeout: float = 3600.0) -> dict[str, Any]:
     out = Path(out).resolve()
     with tempfile.TemporaryDirectory(prefix="fedflock-flwr-") as home:
         (Path(home) / "config.toml").write_text(
@@ -44,17 +30,17 @@ def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: 
             "options.backend.client-resources.num-cpus = 1\n")
         env = flower_env(Path(home)) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
         run_config = (f'config="{Path(config_path).resolve()}" out="{out}" '
-                      f'set="{";".join(overrides)}"')
+                      f'set="{";".join(overrides)}" resume={str(resume).lower()}')
         log = out.parent / f"{out.name}.flower.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with log.open("w") as fh:
-                done = subprocess.run(
-                    ["flwr", "run", str(APP), "simulation", "--stream", "--run-config",
-                     run_config], env=env, stdout=fh, stderr=subprocess.STDOUT,
-                    timeout=timeout, check=False)
-        finally:
-            _stop_processes_mentioning(home)
+        with OwnedProcesses(env) as owned, log.open("w") as fh:
+            try:
+                done = owned.run(["flwr", "run", str(APP), "simulation", "--stream",
+                                  "--run-config", run_config], timeout=timeout, stdout=fh,
+                                 stderr=subprocess.STDOUT)
+            except subprocess.TimeoutExpired:
+                raise FedflockError(f"flower simulation did not finish within {timeout:.0f} s; "
+                                    f"see {log}") from None
     error = out / "error.txt"
     if error.is_file():
         raise FedflockError(f"flower simulation failed: {error.read_text().strip()}")
