@@ -56,7 +56,7 @@ def measure(clients: int, rounds: int, engine: str, workdir: Path) -> dict:
 def measure_flower_fedavg(clients: int, rounds: int, workdir: Path) -> dict:
     """Flower's own FedAvg strategy (benchmarks/flower_fedavg_app) on the same workload."""
     from fedflock.engines.flower.local import flower_env
-    from fedflock.engines.flower.simulation import _stop_processes_mentioning
+    from fedflock.engines.flower.processes import OwnedProcesses
 
     path = workdir / f"fedavg-{clients}.yaml"
     path.write_text(yaml.safe_dump(config(clients, rounds, "flower")))
@@ -68,12 +68,12 @@ def measure_flower_fedavg(clients: int, rounds: int, workdir: Path) -> dict:
         "options.backend.client-resources.num-cpus = 1\n")
     env = flower_env(home) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     start = time.perf_counter()
-    try:
-        subprocess.run(["flwr", "run", str(Path(__file__).parent / "flower_fedavg_app"), "sim",
-                        "--stream", "--run-config", f'config="{path}" out="{out}"'], env=env,
-                       capture_output=True, timeout=3600, check=True)
-    finally:
-        _stop_processes_mentioning(str(home))
+    with OwnedProcesses(env) as owned:  # flwr's detached SuperLink and Ray end with the block
+        done = owned.run(["flwr", "run", str(Path(__file__).parent / "flower_fedavg_app"), "sim",
+                          "--stream", "--run-config", f'config="{path}" out="{out}"'],
+                         timeout=3600, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"flwr run failed: {done.stdout.decode()[-2000:]}")
     wall = time.perf_counter() - start
     timing = json.loads((out / "timing.json").read_text())
     return {"engine": "flower-fedavg", "clients": clients, "rounds": rounds,

@@ -7,6 +7,7 @@ with a clear message instead, so a missing data folder can never pass silently.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,31 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     cache = tmp_path_factory.getbasetemp() / "fedflock-cache"
     monkeypatch.setenv("FEDFLOCK_CACHE", str(cache))
     monkeypatch.setenv("FEDFLOCK_QUIET", "1")
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    """`cli(*args) -> (exit status, stderr)`: `fedflock ARGS` run by the CLI's own `main` in
+    this process, as the `fedflock` script runs it, without an interpreter start-up."""
+    from fedflock.cli import main
+
+    def call(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["fedflock", *args])
+        with pytest.raises(SystemExit) as done:
+            main()
+        return int(done.value.code or 0), capsys.readouterr().err
+
+    return call
+
+
+def one_error_line(code: int, stderr: str, *words: str) -> None:
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), stderr
+    assert "Traceback" not in stderr
+    for word in words:
+        assert word in lines[0], lines[0]
 
 
 def small_config(**overrides: object) -> dict:

@@ -40,6 +40,9 @@ def test_cfl_splits_two_label_groups_into_a_partition(tmp_path: Path) -> None:
         assert sorted(split["members"][0] + split["members"][1]) == sorted(parent["members"])
         assert split["pseudo_f"] > 3.5
     assert (tmp_path / "cfl" / "splits" / "split_00.npz").is_file()
+    # The matrices left memory when written: the checkpoint holds none.
+    state = torch.load(tmp_path / "cfl" / "checkpoints" / "last.pt", weights_only=True)
+    assert all(d["matrix"] is None for d in state["algorithm"]["decisions"])
 
 
 def test_cfl_equals_fedavg_until_its_first_split(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from fedflock.experiment import Run, run_experiment, without_timings
 from fedflock.fileio import atomic_open, json_text
 from fedflock.rundir import RunDirectory
 from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import one_error_line, small_config
 
 CFL = {"name": "cfl", "warmup_rounds": 2, "patience": 2}
 
@@ -41,14 +41,6 @@ class Payload:
 def fedflock(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fedflock", *args], capture_output=True,
                           text=True, timeout=300)
-
-
-def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +62,16 @@ def _copy_run(src: Path, dst: Path) -> Path:
 # -- 1. no code from files ----------------------------------------------------------------------
 
 def test_crafted_checkpoint_is_refused_by_resume_and_assign(tmp_path: Path,
-                                                            finished_cfl: tuple[Path, Path]
-                                                            ) -> None:
+                                                            finished_cfl: tuple[Path, Path],
+                                                            cli) -> None:
     config, src = finished_cfl
     run = _copy_run(src, tmp_path / "shared-run")
     marker = tmp_path / "pwned"
     torch.save({"format": 2, "round": 1, "algorithm_name": "cfl",
                 "algorithm": {"decisions": [Payload(marker)]}}, run / "checkpoints" / "last.pt")
-    one_line_error(fedflock("run", str(config), "--out", str(run), "--resume"), "last.pt",
-                   "refused")
-    one_line_error(fedflock("assign", str(run), "--clients", "2"), "last.pt", "refused")
+    result = fedflock("run", str(config), "--out", str(run), "--resume")  # a real process
+    one_error_line(result.returncode, result.stderr, "last.pt", "refused")
+    one_error_line(*cli("assign", str(run), "--clients", "2"), "last.pt", "refused")
     assert not marker.exists()
 
 
@@ -112,22 +104,22 @@ def test_damaged_checkpoint_is_one_line_naming_the_file(tmp_path: Path, damage: 
 
 
 def test_damaged_checkpoint_from_the_command_line_exits_2(tmp_path: Path,
-                                                          finished_cfl: tuple[Path, Path]
-                                                          ) -> None:
+                                                          finished_cfl: tuple[Path, Path],
+                                                          cli) -> None:
     config, src = finished_cfl
     run = _copy_run(src, tmp_path / "run")
     (run / "checkpoints" / "last.pt").write_bytes(b"")  # was: exit 130 with a blank line
-    one_line_error(fedflock("run", str(config), "--out", str(run), "--resume"), "last.pt")
+    one_error_line(*cli("run", str(config), "--out", str(run), "--resume"), "last.pt")
 
 
 def test_checkpoint_that_does_not_fit_the_algorithm_is_one_line(
-        tmp_path: Path, finished_cfl: tuple[Path, Path]) -> None:
+        tmp_path: Path, finished_cfl: tuple[Path, Path], cli) -> None:
     config, src = finished_cfl
     run = _copy_run(src, tmp_path / "run")
     path = run / "checkpoints" / "last.pt"
     state = torch.load(path, weights_only=True)
     torch.save({**state, "algorithm": {"decisions": []}}, path)  # right name, wrong content
-    one_line_error(fedflock("run", str(config), "--out", str(run), "--resume"), "last.pt")
+    one_error_line(*cli("run", str(config), "--out", str(run), "--resume"), "last.pt")
 
 
 def _cifar_folder(tmp_path: Path) -> Path:
@@ -271,3 +263,18 @@ def test_records_are_strict_json() -> None:
     text = json_text({"loss": float("nan"), "ppl": float("inf"), "x": [1.0, float("-inf")]})
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {
         "loss": None, "ppl": None, "x": [1.0, None]}
+
+
+def test_a_diverging_run_writes_strict_json(tmp_path: Path) -> None:
+    """Updates that overflow are refused, a diverged model's loss is written as null: every
+    line of metrics.jsonl and summary.json is strict JSON (no bare NaN or Infinity)."""
+    raw = small_config(rounds=3, **{"training.lr": 1e30, "server.norm_bound": None})
+    run_experiment(validate(raw), tmp_path / "run", quiet=True)
+
+    def strict(text: str) -> object:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        strict(line)
+    summary = strict((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rejected_replies"], "lr 1e30 must produce replies the server refuses"

@@ -5,6 +5,7 @@ where they end when the hostile node says nothing at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +17,14 @@ import yaml
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedflock.client.task import InvalidReply
+from fedflock.client.task import InvalidReply, Reply
+from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import decode_array
 from fedflock.engines.flower.engine import FlowerEngine
 from fedflock.experiment import Run
 from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import make_algorithm, small_config, update_reply
 
 HOSTILE = 2  # the partition of the hostile node
 Tamper = Callable[[Message, Message], list[Message]]
@@ -302,3 +304,42 @@ def test_the_flower_server_resumes_only_when_asked(tmp_path: Path) -> None:
     serve(resume=True)
     assert not (out / "error.txt").exists()
     assert (out / "summary.json").is_file()
+
+
+# -- the same checks in the embedded engine ---------------------------------------------------
+
+class Tampered(EmbeddedEngine):
+    """Client HOSTILE's train replies rewritten by `change` (the embedded engine's clients)."""
+
+    change: Callable[[Reply], Reply] = staticmethod(lambda r: r)
+
+    def run_tasks(self, rnd, tasks):
+        return [self.change(r) if r.client == HOSTILE and "update" in r.tensors else r
+                for r in super().run_tasks(rnd, tasks)]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda r: r.with_tensors(update=torch.full_like(r.update, 1e38)), "median"),
+    (lambda r: dataclasses.replace(r, num_examples=10**12), "declared"),
+    (lambda r: r.with_tensors(update=r.update.double()), "agreed"),
+    (lambda r: dataclasses.replace(r, metrics={"loss": float("nan")}), "'loss'"),
+])
+def test_the_embedded_engine_refuses_the_same(tmp_path: Path, change: Callable, reason: str
+                                              ) -> None:
+    cfg = validate(small_config(rounds=3))
+    engine = Tampered.from_config(cfg)
+    engine.change = change
+    summary = Run(cfg, tmp_path / "run", quiet=True).execute(engine=engine)
+    refused = summary["rejected_replies"]
+    assert {r["client"] for r in refused} == {HOSTILE} and len(refused) == 3
+    assert all(reason in r["reason"] for r in refused)
+
+
+def test_an_aggregate_that_overflows_never_replaces_a_model() -> None:
+    algorithm = make_algorithm("fedavg", 2, 4)
+    huge = torch.full((4,), 3e38)
+    algorithm.aggregate_train(1, [update_reply(0, huge), update_reply(1, huge)])
+    assert torch.equal(algorithm.model_of(0), huge) and not algorithm.kept
+    algorithm.aggregate_train(2, [update_reply(0, huge), update_reply(1, huge)])
+    assert torch.equal(algorithm.model_of(0), huge)  # 6e38 overflows float32: kept
+    assert algorithm.kept == ["cluster 0"]

@@ -23,6 +23,7 @@ from fedflock.client.task import Reply, Task
 from fedflock.models import ModelHandle
 
 log = logging.getLogger("fedflock.algorithm")
+MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not kept for splits/
 
 
 class AlgorithmParams(BaseModel):
@@ -173,6 +174,9 @@ class Algorithm(ABC):
         return model
 
     def record(self, decision: Decision) -> None:
+        """Keep a decision; its matrix only up to MAX_SAVED_MATRIX clients (O(n^2) bytes)."""
+        if decision.matrix is not None and len(decision.matrix[0]) > MAX_SAVED_MATRIX:
+            decision.matrix = None
         self.decisions.append(decision)
 
     def take_matrices(self) -> list[tuple[int, list[int], np.ndarray]]:

@@ -63,6 +63,9 @@ class CFLParams(AlgorithmParams):
     min_replies: int = Field(5, ge=2, description="replies a round needs under partial "
                              "participation to count")
     max_clusters: int | None = Field(None, ge=1, description="stop splitting at this many")
+    tree_updates: int | None = Field(
+        64, ge=1, description="updates kept per parameter-tree edge to route new clients, the "
+        "most spread out (null: all of them, as the paper; memory grows with every split)")
     update: Literal["weights", "gradients"] = Field(
         "weights", description="weights: local SGD updates; gradients: one full-batch gradient "
         "step (the paper's gradient variant)")
@@ -81,7 +84,7 @@ class CFL(ClusteredAlgorithm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.param_tree = ParameterTree()
+        self.param_tree = ParameterTree(self.params.tree_updates)
         self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
         self.history: dict[int, list[float]] = {}  # cluster -> split statistic per round
 
@@ -160,5 +163,5 @@ class CFL(ClusteredAlgorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.param_tree = ParameterTree.from_dict(state["tree"])
+        self.param_tree = ParameterTree.from_dict(state["tree"], self.params.tree_updates)
         self.history = state["history"]

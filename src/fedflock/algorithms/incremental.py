@@ -51,8 +51,6 @@ from fedflock.clustering.communities import (
 )
 from fedflock.similarity.incremental import IncrementalSimilarity
 
-MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not written to splits/
-
 
 class IncrementalParams(AlgorithmParams):
     similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
@@ -145,7 +143,7 @@ class Incremental(ClusteredAlgorithm):
                    cross_ratio=round(found.cross_ratio, 4), louvain_communities=len(found.parts),
                    communities=len(merged))
         if len(merged) < 2:
-            self.store.release_updates()
+            self.store.release()
             return
         parent = self._clusters[0]
         start = parent.params if p.restart == "global" else self.initial
@@ -156,12 +154,12 @@ class Incremental(ClusteredAlgorithm):
             if client not in seen:
                 self.wait(client, parent.id, parent.params)
         self._index_members()
-        matrix = (clients, values.double().numpy()) if len(clients) <= MAX_SAVED_MATRIX else None
+        matrix = (clients, values.double().numpy())
         self.record(Decision("split", rnd, parent.id, [c.id for c in self._clusters], parts,
                              {"modularity": round(modularity(weights, merged), 4),
                               "cross_ratio": round(cross_ratio(weights, merged), 4),
                               "unseen": self.num_clients - len(seen)}, matrix))
-        self.store.release_updates()
+        self.store.release()
 
     # -- clients never seen before clustering --------------------------------------------------
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fedflock.clustering.seeding import farthest_point_seeds
 from fedflock.similarity import cosine_matrix
 
 
@@ -25,9 +26,22 @@ class TreeNode:
     edge_updates: dict[int, torch.Tensor] = field(default_factory=dict)  # child -> (n, d)
 
 
+def spread_rows(updates: torch.Tensor, limit: int | None) -> torch.Tensor:
+    """At most `limit` rows of `updates`, the most mutually dissimilar (farthest-point seeding
+    on their cosine matrix): a new client's best match among them is close to its best match
+    among all, at a fixed cost per edge."""
+    if limit is None or len(updates) <= limit:
+        return updates.clone()
+    keep = farthest_point_seeds(cosine_matrix(updates, updates).numpy(), limit)
+    return updates[sorted(keep)].clone()
+
+
 class ParameterTree:
-    def __init__(self) -> None:
+    """`max_edge_updates` bounds the updates kept on each edge (None keeps all, as the paper)."""
+
+    def __init__(self, max_edge_updates: int | None = None) -> None:
         self.nodes: dict[int, TreeNode] = {}
+        self.max_edge_updates = max_edge_updates
 
     def add_root(self, node_id: int, members: list[int]) -> None:
         self.nodes[node_id] = TreeNode(node_id, None, list(members))
@@ -39,7 +53,7 @@ class ParameterTree:
         for child_id, members, updates in children:
             self.nodes[child_id] = TreeNode(child_id, parent, list(members))
             node.children.append(child_id)
-            node.edge_updates[child_id] = updates.clone()
+            node.edge_updates[child_id] = spread_rows(updates, self.max_edge_updates)
 
     @property
     def root(self) -> int:
@@ -73,8 +87,9 @@ class ParameterTree:
         return {nid: vars(n).copy() for nid, n in self.nodes.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ParameterTree:
-        tree = cls()
+    def from_dict(cls, data: dict[str, Any], max_edge_updates: int | None = None
+                  ) -> ParameterTree:
+        tree = cls(max_edge_updates)
         tree.nodes = {int(k): TreeNode(**v) for k, v in data.items()}
         return tree
 

@@ -98,16 +98,19 @@ class IncrementalSimilarity:
         n = len(self.clients)
         return list(self.clients), self.matrix[:n, :n].clone()
 
-    def release_updates(self) -> None:
-        """Drop the stored updates (the matrix stays): clustering is done with them."""
+    def release(self) -> None:
+        """Drop the stored updates and the matrix (the clients seen stay listed): once the
+        clustering is done neither memory nor checkpoints should carry them."""
         self.updates = torch.empty(0, 0)
+        self.sq = torch.empty(0, dtype=torch.float64)
+        self.matrix = torch.empty(0, 0)
 
     def state_dict(self) -> dict[str, Any]:
         n = len(self.clients)
         return {"measure": self.measure_name, "max_clients": self.max_clients,
                 "clients": list(self.clients),
                 "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
-                "matrix": self.matrix[:n, :n].clone()}
+                "matrix": self.matrix[:n, :n].clone()}  # empty once released
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:

@@ -62,19 +62,29 @@ class FlowerEngine(Engine):
 
     # -- handshake -----------------------------------------------------------------------
     def _connect(self) -> None:
-        """Query every node as it connects until each partition has one (or the connect
-        timeout passes); a node that fails, lies or duplicates a partition is refused and
-        logged, the others go on."""
+        """Wait for as many nodes as clients, query them all, then give the partitions still
+        without a node one round timeout more to join. A node that fails, lies or duplicates a
+        partition is refused and logged; the others go on."""
         deadline = time.monotonic() + self.connect_timeout
+        nodes = sorted(self.grid.get_node_ids())
+        while len(nodes) < self.expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+            nodes = sorted(self.grid.get_node_ids())
         queried: set[int] = set()
+        stragglers = None  # when the wait for partitions without a node ends
         while True:
-            new = sorted(set(self.grid.get_node_ids()) - queried)
+            new = [n for n in nodes if n not in queried]
             if new:
                 queried.update(new)
                 self._handshake(new)
-            if len(self.node_of) == self.expected or time.monotonic() >= deadline:
+            if len(self.node_of) == self.expected:
+                break
+            now = time.monotonic()
+            stragglers = stragglers or min(deadline, now + self.timeout)
+            if now >= stragglers:
                 break
             time.sleep(0.5)
+            nodes = sorted(self.grid.get_node_ids())
         if self._reference is None or self._initial is None:
             raise FedflockError(f"flower: no node gave a usable handshake within "
                                 f"{self.connect_timeout:.0f} s ({len(queried)} connected)")
