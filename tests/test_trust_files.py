@@ -160,6 +160,35 @@ def test_cifar_batch_of_wrong_types_is_a_data_error(tmp_path: Path, batch: objec
     assert "test_batch" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_crafted_dataset_cache_is_rebuilt_without_running_code(
+        shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoded-dataset cache lives in the user's home: a crafted cache file is refused
+    unread (weights_only) and decoded afresh."""
+    monkeypatch.setenv("FEDFLOCK_CACHE", str(tmp_path / "cache"))
+    first = D.load_femnist.__wrapped__(shared_data)
+    (cache,) = (tmp_path / "cache").glob("femnist-*.pt")
+    marker = tmp_path / "pwned"
+    torch.save({"xtr": Payload(marker)}, cache)
+    again = D.load_femnist.__wrapped__(shared_data)
+    assert torch.equal(first.x_train, again.x_train)
+    assert not marker.exists()
+
+
+def test_crafted_npz_with_objects_is_a_data_error(tmp_path: Path) -> None:
+    """FEMNIST's npz is read with allow_pickle=False: an object array is refused unread."""
+    folder = tmp_path / "femnist_leaf"
+    folder.mkdir()
+    marker = tmp_path / "pwned"
+    arrays = {k: np.zeros((1, 28, 28), dtype=np.uint8) for k in ("x_train", "x_test")}
+    arrays |= {k: np.zeros(1, dtype=np.int64) for k in ("y_train", "y_test", "writer_test")}
+    arrays["writer_train"] = np.array([Payload(marker)], dtype=object)
+    np.savez(folder / "femnist_leaf_niid05.npz", **arrays)
+    with pytest.raises(DataError) as err:
+        D.load_femnist.__wrapped__(tmp_path)
+    assert "femnist_leaf_niid05.npz" in str(err.value) and "\n" not in str(err.value)
+    assert not marker.exists()
+
+
 # -- 3. nothing lost ---------------------------------------------------------------------------
 
 def _extend_rounds(run: Path, rounds: int) -> None:
