@@ -1,15 +1,18 @@
 """DistFL's distribution knowledge: inputs synthesised from BatchNorm statistics really move
 (the loss falls at least 10x; the authors' detached-numpy loss never moves them), the model is
-left as it was, and the response divergence is the KL divergence it claims to be."""
+left as it was, the response divergence is the KL divergence it claims to be, and threshold
+clustering finds groups without K and leaves a structureless cloud whole."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from fedflock.clustering.threshold import relative_threshold, threshold_components
 from fedflock.config import ModelConfig
 from fedflock.data.spec import DataSpec
 from fedflock.models import build_model
@@ -67,3 +70,32 @@ def test_response_divergence_is_the_mean_kl() -> None:
     symmetric = response_divergence(probs)
     assert torch.allclose(symmetric, symmetric.T)
     assert torch.allclose(symmetric[i, j], (forward[i, j] + forward[j, i]) / 2)
+
+
+# -- clustering without K ---------------------------------------------------------------------
+
+def _distances(points: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(points[:, None] - points[None], axis=-1)
+
+
+def test_threshold_components_join_on_either_direction() -> None:
+    d = np.array([[0.0, 0.1, 5.0, 5.0],
+                  [0.9, 0.0, 5.0, 5.0],
+                  [5.0, 5.0, 0.0, 5.0],
+                  [5.0, 5.0, 0.1, 0.0]])
+    assert threshold_components(d, 0.2) == [[0, 1], [2, 3]]
+    assert threshold_components(d, 0.05) == [[0], [1], [2], [3]]
+    assert threshold_components(d, 10.0) == [[0, 1, 2, 3]]
+
+
+def test_relative_threshold_finds_groups_and_keeps_structureless_clients_together() -> None:
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(3, 20)) * 5
+    grouped = np.concatenate([c + 0.3 * rng.normal(size=(10, 20)) for c in centres])
+    d = _distances(grouped)
+    parts = threshold_components(d, relative_threshold(d))
+    assert parts == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+    for seed in range(5):  # one cloud: never split, whatever its scale
+        cloud = np.random.default_rng(seed).normal(size=(30, 20)) * 10 ** seed
+        d = _distances(cloud)
+        assert len(threshold_components(d, relative_threshold(d))) == 1
