@@ -20,7 +20,10 @@ from tests.conftest import small_config
 # Settings that make each method change its structure within a few rounds.
 QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3},
          "incremental": {"cluster_round": 2, "placement_delay": 0},
-         "ifca": {"clusters": 2}}
+         "ifca": {"clusters": 2},
+         "distfl": {"warmup_rounds": 2, "recluster_every": 2, "synthetic": 16, "steps": 5,
+                    "threshold": 0.05}}
+MODEL = {"distfl": {"name": "cnn_bn"}}  # methods that need a particular kind of model
 
 
 class SilentClient(EmbeddedEngine):
@@ -34,7 +37,8 @@ class SilentClient(EmbeddedEngine):
 
 def _setup(name: str, fraction: float = 1.0, engine_cls: type = EmbeddedEngine):
     raw = small_config(**{"data.clients": 8, "algorithm": {"name": name, **QUICK.get(name, {})},
-                          "participation.fraction": fraction})
+                          "participation.fraction": fraction},
+                       **({"model": MODEL[name]} if name in MODEL else {}))
     config = validate(raw)
     engine = engine_cls.from_config(config)
     return config, engine, build_algorithm(config, engine)

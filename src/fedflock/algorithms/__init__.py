@@ -6,6 +6,7 @@ from pydantic import BaseModel, ValidationError
 
 from fedflock.algorithms import (  # noqa: F401 (register)
     cfl,
+    distfl,
     fedavg,
     fedavg_ft,
     ifca,

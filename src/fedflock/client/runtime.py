@@ -67,7 +67,8 @@ class ClientRuntime:
 
     # -- models ----------------------------------------------------------------------------
     def model_handle(self) -> ModelHandle:
-        return ModelHandle(lambda: build_model(self.model_cfg, self.data_spec), self.dtype)
+        return ModelHandle(lambda: build_model(self.model_cfg, self.data_spec), self.dtype,
+                           self.data_spec.input_shape)
 
     def initial_params(self) -> torch.Tensor:
         """The model every client agrees to start from (seeded), as the server will hold it."""

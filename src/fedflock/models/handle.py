@@ -32,10 +32,13 @@ class Block:
 
 
 class ModelHandle:
-    def __init__(self, build: Callable[[], nn.Module], dtype: torch.dtype = torch.float32
-                 ) -> None:
+    """`input_shape` is the shape of one input sample (what server-side probes must look like)."""
+
+    def __init__(self, build: Callable[[], nn.Module], dtype: torch.dtype = torch.float32,
+                 input_shape: tuple[int, ...] | None = None) -> None:
         self._build = build
         self.dtype = dtype
+        self.input_shape = input_shape
         self.spec = FlatSpec.of(build())
 
     @property

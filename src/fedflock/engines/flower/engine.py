@@ -210,7 +210,8 @@ class FlowerEngine(Engine):
         if self._masked:
             return None
         spec = self._data_spec
-        return ModelHandle(lambda: build_model(self.model_cfg, spec), self.dtype)
+        return ModelHandle(lambda: build_model(self.model_cfg, spec), self.dtype,
+                           spec.input_shape)
 
     def _send(self, messages: list[Message]) -> list[Message]:
         online = set(self.grid.get_node_ids())
