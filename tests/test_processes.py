@@ -14,24 +14,16 @@ import zipfile
 from pathlib import Path
 
 from fedflock.engines.flower.local import APP
-from fedflock.engines.flower.processes import OwnedProcesses, processes_carrying
+from fedflock.engines.flower.processes import OwnedProcesses, alive, processes_carrying
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 def _detached_sleeper(owned: OwnedProcesses, seconds: int) -> int:
@@ -57,7 +49,7 @@ def test_ends_its_own_processes_and_no_other(tmp_path: Path) -> None:
             # The old rule ended every process whose command line held a run's marker string:
             mimic = _sleeper(owned.token)
         assert _wait_gone([child.pid, orphan]) == []
-        assert _alive(stranger.pid) and _alive(mimic.pid)
+        assert alive(stranger.pid) and alive(mimic.pid)
     finally:
         for proc in (stranger, locals().get("mimic")):
             if proc is not None:
@@ -80,7 +72,7 @@ def test_a_run_killed_by_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     """))
     run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     token, *pids = run.stdout.readline().split()
-    assert all(_alive(int(p)) for p in pids)
+    assert all(alive(int(p)) for p in pids)
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=30) == 128 + signal.SIGTERM
     assert _wait_gone([int(p) for p in pids]) == []

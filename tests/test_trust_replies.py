@@ -146,8 +146,8 @@ def _silent(message: Message, reply: Message) -> list[Message]:
 
 
 HOSTILE_REPLIES: dict[str, tuple[Tamper, str]] = {
-    "float16 update": (_with_update(lambda u: u.astype(np.float16)), "dtype float16"),
-    "integer update": (_with_update(lambda u: u.astype(np.int32)), "dtype int32"),
+    "float16 update": (_with_update(lambda u: u.astype(np.float16)), "torch.float16, the agreed"),
+    "integer update": (_with_update(lambda u: u.astype(np.int32)), "torch.int32, the agreed"),
     "30 GiB header in 150 bytes": (_huge_header, "bytes arrived"),
     "short update": (_with_update(lambda u: u[:-1]), "shape"),
     "NaN update": (_with_update(lambda u: np.full_like(u, np.nan)), "NaN"),
@@ -159,7 +159,7 @@ HOSTILE_REPLIES: dict[str, tuple[Tamper, str]] = {
     "no loss": (_with_metrics({}), "'loss'"),
     "infinite loss": (_with_metrics({"loss": float("inf")}), "'loss'"),
     "list as loss": (_with_metrics({"loss": [1.0, 2.0]}), "'loss'"),
-    "no metrics record": (_with_metrics(None), "metric record"),
+    "no metrics record": (_with_metrics(None), "record 'metrics'"),
     "evaluation of another client": (_evaluation_about(0), "claims client 0"),
     "evaluation without metrics": (_with_metrics({}, "train.evaluate"), "without metrics"),
 }
@@ -269,10 +269,9 @@ def test_decoding_never_allocates_beyond_what_arrived() -> None:
     with pytest.raises(InvalidReply, match="bytes arrived"):
         decode_array("update", array)
     good = Array(np.arange(6, dtype=np.float32).reshape(2, 3))
-    assert torch.equal(decode_array("x", good, torch.float32),
-                       torch.arange(6, dtype=torch.float32).reshape(2, 3))
-    with pytest.raises(InvalidReply, match="agreed"):
-        decode_array("x", good, torch.float64)
+    assert torch.equal(decode_array("x", good), torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    with pytest.raises(InvalidReply, match="not a number type"):
+        decode_array("x", Array(np.array(["a", "b"])))
     lying = Array(dtype="float32", shape=(6,), stype="numpy.ndarray", data=good.data)
     with pytest.raises(InvalidReply, match="disagree"):
         decode_array("x", lying)

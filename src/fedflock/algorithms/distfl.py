@@ -56,7 +56,7 @@ from fedflock.errors import ConfigError
 from fedflock.similarity.knowledge import (
     batch_norm_layers,
     response_divergence,
-    responses,
+    responses_of,
     synthesize_inputs,
 )
 
@@ -109,8 +109,7 @@ class DistFL(ClusteredAlgorithm):
         if not self._clustering_round(rnd) or len(replies) < 2:
             return super().aggregate_train(rnd, replies)
         uploads = {r.client: self.model_of(r.client) + r.update for r in replies}
-        out = self._cluster(rnd, replies, uploads)
-        return out
+        return self._cluster(rnd, replies, uploads)
 
     def _cluster(self, rnd: int, replies: list[Reply], uploads: dict[int, torch.Tensor]
                  ) -> dict[str, Any]:
@@ -124,8 +123,7 @@ class DistFL(ClusteredAlgorithm):
                                       p.steps, p.synthesis_lr, p.importance,
                                       seed=self.context.seed * 7919 + rnd)
         t1 = time.perf_counter()
-        probs = torch.stack([responses(handle.module(uploads[c]), synthesis.inputs)
-                             for c in clients])
+        probs = responses_of(handle, (uploads[c] for c in clients), synthesis.inputs)
         divergence = response_divergence(probs, symmetric=p.divergence == "symmetric").numpy()
         threshold = p.threshold if p.threshold is not None else relative_threshold(
             divergence, p.factor)
@@ -168,8 +166,7 @@ class DistFL(ClusteredAlgorithm):
         handle = self.context.model
         if self.probe is None or not self.known or handle is None:
             return None, False
-        upload = self.model_of(reply.client) + reply.update
-        own = responses(handle.module(upload), self.probe)
+        own = responses_of(handle, [self.model_of(reply.client) + reply.update], self.probe)[0]
         clients = list(self.known)
         probs = torch.stack([own, *[self.known[c] for c in clients]])
         symmetric = self.params.divergence == "symmetric"

@@ -154,11 +154,11 @@ class Incremental(ClusteredAlgorithm):
             if client not in seen:
                 self.wait(client, parent.id, parent.params)
         self._index_members()
-        matrix = (clients, values.double().numpy())
         self.record(Decision("split", rnd, parent.id, [c.id for c in self._clusters], parts,
                              {"modularity": round(modularity(weights, merged), 4),
                               "cross_ratio": round(cross_ratio(weights, merged), 4),
-                              "unseen": self.num_clients - len(seen)}, matrix))
+                              "unseen": self.num_clients - len(seen)},
+                             (clients, values.numpy())))
         self.store.release()
 
     # -- clients never seen before clustering --------------------------------------------------

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fedflock.errors import DataError
+from fedflock.fileio import atomic_open
 from fedflock.registry import Registry
 
 
@@ -90,14 +91,10 @@ def _cached(key_files: list[Path], name: str, decode: Callable[[], dict]) -> dic
         except Exception:  # a corrupt cache is rebuilt, never fatal
             path.unlink(missing_ok=True)
     tensors = decode()
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # concurrent writers never collide
-    try:
+    with contextlib.suppress(OSError):  # read-only cache: still works, decodes again next time
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(tensors, tmp)
-        tmp.replace(path)
-    except OSError:  # read-only cache: still works, decodes again next time
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        with atomic_open(path, "wb") as fh:  # concurrent writers never collide
+            torch.save(tensors, fh)
     return tensors
 
 

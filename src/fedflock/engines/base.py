@@ -148,7 +148,8 @@ class Engine(ABC):
         for group in groups.values():
             if len(group) < MIN_NORM_GROUP:
                 continue
-            norms = [float(r.update.double().norm()) for r in group]
+            norms = [float(torch.linalg.vector_norm(r.update, dtype=torch.float64))
+                     for r in group]
             median = float(np.median(norms))
             if median <= 0:
                 continue

@@ -17,10 +17,13 @@ symmetrised mean (KL_ij + KL_ji) / 2.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from fedflock.models import ModelHandle
 
 BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -111,6 +114,18 @@ def responses(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return torch.softmax(model(inputs), dim=-1)
     finally:
         model.train(was_training)
+
+
+def responses_of(handle: ModelHandle, vectors: Iterable[torch.Tensor], inputs: torch.Tensor
+                 ) -> torch.Tensor:
+    """(M, z, C): the responses of the model held by each flat vector, loaded in turn into one
+    module (not a module built per model)."""
+    model = handle.module()
+    out = []
+    for vector in vectors:
+        handle.spec.load(model, vector.to(handle.dtype))
+        out.append(responses(model, inputs))
+    return torch.stack(out)
 
 
 def response_divergence(probs: torch.Tensor, symmetric: bool = True, eps: float = 1e-12

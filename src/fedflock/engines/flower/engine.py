@@ -163,9 +163,10 @@ class FlowerEngine(Engine):
             raise InvalidReply(f"node error: {reply.error.reason}")
         if "models" not in reply.content.array_records:
             raise InvalidReply("no initial models")
-        models = record_tensors(reply.content.array_records["models"], self.dtype).get("models")
-        if models is None or models.dim() != 2 or len(models) != count \
-                or models.shape[1] < self._update_size or not torch.isfinite(models).all():
+        models = record_tensors(reply.content.array_records["models"]).get("models")
+        if models is None or models.dtype != self.dtype or models.dim() != 2 \
+                or len(models) != count or models.shape[1] < self._update_size \
+                or not torch.isfinite(models).all():
             raise InvalidReply(f"initial models are not {count} finite parameter vectors")
         return models
 
@@ -230,7 +231,7 @@ class FlowerEngine(Engine):
                             else "a reply from an unknown node")
                 continue
             try:
-                replies.append(reply_from_message(message, client, self.dtype))
+                replies.append(reply_from_message(message, client))
             except InvalidReply as err:
                 self.refuse(rnd, client, str(err))
         return sorted(replies, key=lambda r: r.client)

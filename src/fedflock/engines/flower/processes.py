@@ -49,15 +49,16 @@ def _carrying(token: str | None) -> list[int]:
 
 def processes_carrying(token: str | None = None) -> list[int]:
     """Living processes started by an `OwnedProcesses` (with this token, or any)."""
-    return [pid for pid in _carrying(token) if _alive(pid)]
+    return [pid for pid in _carrying(token) if alive(pid)]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has ended; its parent has not read its status yet)."""
     try:
         state = (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state != "Z"  # a zombie has ended; its parent has not read its status yet
+    return state != "Z"
 
 
 class OwnedProcesses:
@@ -106,7 +107,7 @@ class OwnedProcesses:
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline:
             self._reap()
-            left = [pid for pid in targets if _alive(pid)]
+            left = [pid for pid in targets if alive(pid)]
             if procs is None:
                 left += [pid for pid in self.pids() if pid not in left]
             if not left:
