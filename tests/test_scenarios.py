@@ -16,7 +16,8 @@ from fedflock.data.datasets import Dataset
 from fedflock.data.scenarios import SampleReuseWarning, _rotate
 from fedflock.errors import ConfigError
 
-SHIFT_KINDS = ["iid", "label_permutation", "label_swap", "rotation", "feature_skew"]
+SHIFT_KINDS = ["iid", "label_permutation", "label_swap", "rotation", "feature_skew",
+               "category_imbalance", "environment"]
 ALL_KINDS = [*SHIFT_KINDS, "dirichlet", "shards", "quantity_skew"]
 
 
@@ -242,6 +243,48 @@ def test_noise_differs_between_clients_and_splits() -> None:
 
 
 # -- partitions -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dataset", ["digits", "mnist5k"])
+def test_category_imbalance_types_hold_disjoint_classes(dataset: str) -> None:
+    fd = build(config(dataset, clients=10, samples=40, test=10, kind="category_imbalance",
+                      groups=5))
+    ds = load_dataset(dataset, None)
+    held: dict[int, set[int]] = {}
+    for c, g in zip(fd.clients, fd.groups, strict=True):
+        train = set(c.y_train.tolist())
+        assert set(c.y_test.tolist()) <= train  # tested on its own type's classes
+        counts = np.bincount(c.y_train.numpy())
+        assert len(train) == 2 and counts[sorted(train)].tolist() == [20, 20]
+        assert held.setdefault(int(g), train) == train  # every client of a type: same classes
+        x_tr, y_tr, _, _ = originals(ds, c)
+        assert torch.equal(c.x_train, x_tr) and torch.equal(c.y_train, y_tr)  # labels kept
+    assert sorted(cls for classes in held.values() for cls in classes) == list(range(10))
+
+
+def test_category_imbalance_uneven_split_and_too_many_types() -> None:
+    fd = build(config("digits", clients=6, samples=30, kind="category_imbalance", groups=3))
+    sizes = sorted(len(set(c.y_train.tolist())) for c in fd.clients)
+    assert sizes == [3, 3, 3, 3, 4, 4]  # 10 classes over 3 types: 4 + 3 + 3
+    with pytest.raises(ConfigError, match="at most 10 groups"):
+        build(config("digits", clients=12, kind="category_imbalance", groups=11))
+
+
+def test_environment_is_a_fixed_affine_style_per_group() -> None:
+    cfg = config("mnist5k", clients=6, samples=30, kind="environment", groups=3)
+    fd, fresh = build(cfg), build(cfg, 1, shift_seed=0)
+    ds = load_dataset("mnist5k", None)
+    styles: dict[int, tuple[float, float]] = {}
+    for data in (fd, fresh):
+        for c, g in zip(data.clients, data.groups, strict=True):
+            x, y, _, _ = originals(ds, c)
+            assert torch.equal(c.y_train, y)  # same labels
+            gain, offset = np.polyfit(x.flatten().numpy(), c.x_train.flatten().numpy(), 1)
+            assert np.allclose(c.x_train, gain * x + offset, atol=1e-5)
+            style = styles.setdefault(int(g), (gain, offset))  # one style per group
+            assert np.allclose(style, (gain, offset), atol=1e-5)
+    assert np.allclose(styles[0], (1.0, 0.0))  # group 0 unchanged
+    assert len({round(s[0], 4) for s in styles.values()}) == 3
+
 
 def test_dirichlet_smaller_alpha_is_more_skewed() -> None:
     def skew(alpha: float) -> float:

@@ -23,14 +23,16 @@ MAX_SEED = 2**63 - 1  # seeds are non-negative 64-bit integers (torch, numpy)
 MAX_WIDTH = 65536  # a wider hidden layer is a typo, not a model this tool trains
 
 BUILTIN_SCENARIOS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew",
-                     "dirichlet", "shards", "quantity_skew", "natural")
+                     "category_imbalance", "environment", "dirichlet", "shards",
+                     "quantity_skew", "natural")
 
 
 class ScenarioConfig(_Strict):
     """How client data are split and how the hidden groups differ.
 
-    `kind` is either a group shift (iid, label_permutation, label_swap, rotation, feature_skew),
-    whose samples inside each group are split by `partition`, or a pure label/quantity skew
+    `kind` is either a group shift (iid, label_permutation, label_swap, rotation, feature_skew,
+    category_imbalance, environment), whose samples inside each group are split by
+    `partition`, or a pure label/quantity skew
     (dirichlet, shards, quantity_skew) with a single hidden group, or `natural` (one client per
     writer of a LEAF dataset).
     """

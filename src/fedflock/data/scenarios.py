@@ -43,13 +43,18 @@ from fedflock.registry import Registry
 Scenario = Callable[["Dataset", DataConfig, int, int], "FederatedData"]
 SCENARIOS: Registry[Scenario] = Registry("scenario")
 
-SHIFTS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew")
+SHIFTS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew",
+          "category_imbalance", "environment")
 SCENARIO_DOCS = {
     "iid": "same distribution everywhere (the control: a clustering method must not split)",
     "label_permutation": "group k relabels with its own fixed permutation (group 0: identity)",
     "label_swap": "group k swaps its own pairs of labels (group 0: identity)",
     "rotation": "group k rotates inputs by k*360/K degrees (concept shift on features)",
     "feature_skew": "group k applies transforms[k] to its inputs (none, invert, noise, ...)",
+    "category_imbalance": "each group (client type) holds its own disjoint set of classes "
+                          "(10 classes, 5 groups: 2 each)",
+    "environment": "same labels, group k sees its inputs through its own seeded style "
+                   "(per-channel gain and offset; group 0: unchanged)",
     "dirichlet": "label skew: class proportions per client ~ Dirichlet(alpha)",
     "shards": "label skew: each client holds `classes_per_client` classes",
     "quantity_skew": "client sizes drawn log-normal(sigma)",
@@ -147,11 +152,15 @@ class _Pool:
 
 
 def _class_counts(partition: str, n: int, present: np.ndarray, sc: ScenarioConfig,
-                  rng: np.random.Generator) -> np.ndarray | None:
+                  rng: np.random.Generator, restricted: bool = False) -> np.ndarray | None:
     """Per-class sample counts of one client over the classes `present` in the pool
-    (None: draw iid)."""
+    (None: draw iid). A client `restricted` to some classes draws them evenly under `iid`."""
     classes = np.flatnonzero(present)
     counts = np.zeros(len(present), dtype=np.int64)
+    if partition == "iid" and restricted:
+        counts[classes] = n // len(classes)
+        counts[rng.choice(classes, size=n % len(classes), replace=False)] += 1
+        return counts
     if partition == "dirichlet":
         counts[classes] = rng.multinomial(n, rng.dirichlet(np.full(len(classes), sc.alpha)))
         return counts
@@ -206,6 +215,7 @@ class _Shift:
 
     transform: Transform | None = None  # on inputs; gets a generator private to the client
     label_map: torch.Tensor | None = None  # new label of every original label
+    classes: np.ndarray | None = None  # mask of the classes the group holds (None: all)
 
 
 def _feature_transform(kind: str, noise_std: float) -> Transform | None:
@@ -259,7 +269,40 @@ def _group_shifts(sc: ScenarioConfig, k: int, classes: int, seed: int) -> list[_
     if sc.kind == "feature_skew":
         # DataConfig guarantees one distinct transform per group.
         return [_Shift(_feature_transform(kind, sc.noise_std)) for kind in sc.transforms[:k]]
+    if sc.kind == "category_imbalance":
+        return [_Shift(classes=mask) for mask in _type_classes(classes, k, seed)]
+    if sc.kind == "environment":
+        return [_Shift(_environment(np.random.default_rng([seed, 13, g])) if g else None)
+                for g in range(k)]
     return [_Shift() for _ in range(k)]
+
+
+def _type_classes(classes: int, k: int, seed: int) -> list[np.ndarray]:
+    """Disjoint class sets of `k` client types covering all classes (sizes differ by at most
+    one), from a permutation fixed by the shift seed."""
+    if k > classes:
+        raise ConfigError(f"data.scenario.groups: category_imbalance gives each group its own "
+                          f"classes, so at most {classes} groups (got {k})")
+    chunks = np.array_split(np.random.default_rng([seed, 17]).permutation(classes), k)
+    return [np.isin(np.arange(classes), chunk) for chunk in chunks]
+
+
+def _environment(rng: np.random.Generator) -> Transform:
+    """One environment's style: each input channel scaled by a gain in [0.5, 1.5] and shifted
+    by an offset in [-0.3, 0.3] (lighting, sensor gain and bias), the same for all its clients
+    (drawn from one seed fixed per group, once the number of channels is known)."""
+    style_seed = int(rng.integers(2**62))
+
+    def style(x: torch.Tensor, _: np.random.Generator) -> torch.Tensor:
+        if x.dim() < 2:
+            return x
+        draw = np.random.default_rng(style_seed)
+        channels = x.shape[1]
+        shape = (1, channels) + (1,) * (x.dim() - 2)  # per channel of (N, C, ...)
+        gain = torch.as_tensor(draw.uniform(0.5, 1.5, channels), dtype=x.dtype).reshape(shape)
+        offset = torch.as_tensor(draw.uniform(-0.3, 0.3, channels), dtype=x.dtype)
+        return x * gain + offset.reshape(shape)
+    return style
 
 
 def _natural_clients(ds: Dataset, cfg: DataConfig) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -348,7 +391,10 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
     shifts = _group_shifts(sc, k, ds.num_classes, shift_seed)
     clients = []
     for i in range(m):
-        counts = _class_counts(partition, int(sizes[i]), train_pool.present, sc, rng)
+        shift = shifts[groups[i]]
+        held = train_pool.present if shift.classes is None else train_pool.present & shift.classes
+        counts = _class_counts(partition, int(sizes[i]), held, sc, rng,
+                               restricted=shift.classes is not None)
         if counts is None:
             tr = train_pool.take_any(int(sizes[i]))
             te = test_pool.take_any(n_test)
@@ -363,7 +409,6 @@ def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = No
         tr_rows, te_rows = train_rows[tr], test_rows[te]
         x_tr, y_tr = ds.x_train[tr_rows], ds.y_train[tr_rows]
         x_te, y_te = x_test_src[te_rows], y_test_src[te_rows]
-        shift = shifts[groups[i]]
         if shift.transform is not None:
             x_tr = shift.transform(x_tr, np.random.default_rng([seed, 11, i, 0]))
             x_te = shift.transform(x_te, np.random.default_rng([seed, 11, i, 1]))
