@@ -85,6 +85,9 @@ class ModelConfig(_Strict):
     name: str = "mlp"
     hidden: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
         default_factory=lambda: [100], description="hidden layer widths (models that use them)")
+    width: float = Field(1.0, gt=0, le=4, description="channel multiplier of vgg11_bn, resnet18 "
+                         "and cnn1d_bn (each layer keeps at least one channel); 0.25 makes "
+                         "vgg11_bn and resnet18 CPU-practical")
 
 
 class TrainingConfig(_Strict):

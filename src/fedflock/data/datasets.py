@@ -2,7 +2,7 @@
 
 Each reader returns a `Dataset` of float images in [0, 1] shaped (N, C, H, W) with int64 labels.
 Sets without an official test split (mnist5k, digits) leave `x_test` empty; scenarios then split
-one pool.
+one pool. `har` is the exception: standardised sensor windows (N, 6, 128), one user per writer.
 
 Decoded tensors are cached twice: in memory per process (`functools.lru_cache`) and on disk under
 `$FEDFLOCK_CACHE` (default `~/.cache/fedflock`), keyed by the source files' path, size and mtime
@@ -63,6 +63,7 @@ _SOURCES = {
     "fashion_mnist": "https://github.com/zalandoresearch/fashion-mnist (data/fashion/)",
     "cifar10": "https://www.cs.toronto.edu/~kriz/cifar.html (python version)",
     "femnist": "LEAF femnist (https://github.com/TalwalkarLab/leaf), converted to npz",
+    "har": "UCI HAPT raw signals as har_hapt/hapt_raw_signals.npz (see the data README)",
 }
 # Bump when a decoder changes what it returns, so stale cache files are never served.
 _CACHE_FORMAT = 2
@@ -427,6 +428,127 @@ def load_femnist(root: Path | None) -> Dataset:
         writers_train=t["wtr"],
         writers_test=t["wte"],
     )
+
+
+_HAR_FILE = "hapt_raw_signals.npz"
+HAR_ACTIVITIES = ("walking", "walking_upstairs", "walking_downstairs", "sitting", "standing",
+                  "laying")  # HAPT labels 1..6 -> classes 0..5; transitions (7..12) and -1 dropped
+HAR_WINDOW, HAR_STEP = 128, 64  # 2.56 s at 50 Hz, 50% overlap (the UCI-HAR windows)
+HAR_TRAIN_SHARE = 0.8
+_HAR_KEYS = ("signals", "label", "user", "recording", "sample_index")
+
+
+def _har_raw(npz: Path) -> dict[str, np.ndarray]:
+    """The recordings of the npz, checked: (N, 6) finite signals, one integer label, user,
+    recording and sample index per sample, recordings in ascending blocks of consecutive
+    samples (so file order is time order), one user per recording."""
+    def bad(why: str) -> DataError:
+        return DataError(f"{npz}: {why}; replace it with the {_SOURCES['har']}")
+
+    if not zipfile.is_zipfile(npz):  # np.load would try a non-zip file as a pickle
+        raise bad("not an npz (zip) archive")
+    try:
+        with np.load(npz) as z:
+            missing = [key for key in _HAR_KEYS if key not in z.files]
+            if missing:
+                raise bad(f"missing array {missing[0]!r}, expected {', '.join(_HAR_KEYS)}")
+            raw = {key: z[key] for key in _HAR_KEYS}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "pickle" in reason:  # numpy's own advice (load it unsafely) is not ours
+            reason = "an array holds Python objects, refused unread"
+        raise bad(f"cannot read the npz ({reason})") from None
+    signals = raw["signals"]
+    if signals.ndim != 2 or signals.shape[1] != 6 or signals.dtype.kind != "f":
+        raise bad(f"signals is {signals.dtype} {signals.shape}, expected float (N, 6): "
+                  "acc-x/y/z, gyro-x/y/z")
+    n = len(signals)
+    for key in _HAR_KEYS[1:]:
+        if raw[key].shape != (n,) or raw[key].dtype.kind not in "iu":
+            raise bad(f"{key} is {raw[key].dtype} {raw[key].shape}, expected one integer per "
+                      f"sample ({n})")
+    label, user, rec, index = (raw[k].astype(np.int64) for k in _HAR_KEYS[1:])
+    if not np.isfinite(signals).all():
+        raise bad("signals hold NaN or infinite values")
+    if n and (label.min() < -1 or label.max() > 12 or user.min() < 1):
+        raise bad("label outside -1..12 or user below 1")
+    same = rec[1:] == rec[:-1]
+    if (np.diff(rec) < 0).any() or (np.diff(index)[same] != 1).any():
+        raise bad("samples are not in time order (recordings ascending, sample_index +1 within "
+                  "a recording)")
+    if (user[1:] != user[:-1])[same].any():
+        raise bad("a recording holds more than one user")
+    return {"signals": signals, "label": label, "user": user, "recording": rec}
+
+
+def _har_arrays(npz: Path) -> dict[str, torch.Tensor]:
+    """Windows, labels, users and window start positions (sample rows of the npz) of both splits,
+    standardised per channel with the training windows' mean and std (`mean`, `std`).
+
+    Windows are cut inside each run of one basic activity in one recording, from the run's
+    start, every HAR_STEP samples; a run's tail shorter than a window is dropped. Split by time
+    per user and activity: the first 80% (rounded up) of that activity's windows go to training,
+    the later ones to test, less any test window sharing samples with the last training one, so
+    every test window starts after the user's training windows of that activity end. Per
+    activity because every user follows one protocol order (postures, then walking, stairs
+    last): the last 20% of a user's whole timeline holds walking and stairs (and laying for 8
+    users), never sitting or standing. Not per bout: a per-segment cut would test on the seconds
+    right after a training window of the same bout; here the test windows are the later bouts.
+    """
+    raw = _har_raw(npz)
+    label, user, rec = raw["label"], raw["user"], raw["recording"]
+    n = len(label)
+    cut = np.flatnonzero((label[1:] != label[:-1]) | (rec[1:] != rec[:-1])) + 1
+    runs = zip(np.r_[0, cut], np.r_[cut, n], strict=True)
+    starts = [np.arange(a, b - HAR_WINDOW + 1, HAR_STEP) for a, b in runs
+              if 1 <= label[a] <= len(HAR_ACTIVITIES)]
+    start = np.concatenate([*starts, np.zeros(0, dtype=np.int64)]).astype(np.int64)
+    start = start[np.lexsort((start, user[start]))]  # per user, in time order
+    y, w = label[start] - 1, user[start]
+    train, keep = np.zeros(len(start), dtype=bool), np.ones(len(start), dtype=bool)
+    for u, a in {(int(u), int(a)) for u, a in zip(w, y, strict=True)}:
+        rows = np.flatnonzero((w == u) & (y == a))
+        k = int(np.ceil(HAR_TRAIN_SHARE * len(rows)))
+        train[rows[:k]] = True
+        later = rows[k:]
+        keep[later] = start[later] >= start[rows[k - 1]] + HAR_WINDOW
+    test = ~train & keep
+    if not train.any() or not test.any():
+        raise DataError(f"{npz}: no {HAR_WINDOW}-sample window of the 6 basic activities in "
+                        f"both splits; replace it with the {_SOURCES['har']}")
+    span = np.arange(HAR_WINDOW)
+
+    def windows(rows: np.ndarray) -> np.ndarray:  # (n, 6, HAR_WINDOW) float64
+        return raw["signals"][start[rows][:, None] + span].transpose(0, 2, 1).astype(np.float64)
+
+    x_train = windows(np.flatnonzero(train))
+    mean = x_train.mean(axis=(0, 2), keepdims=True)
+    std = x_train.std(axis=(0, 2), keepdims=True)
+    if (std == 0).any():
+        raise DataError(f"{npz}: a sensor channel is constant in every training window; "
+                        f"replace it with the {_SOURCES['har']}")
+    out = {"mean": torch.from_numpy(mean.reshape(-1)), "std": torch.from_numpy(std.reshape(-1))}
+    for key, mask, x in (("tr", train, x_train), ("te", test, None)):
+        rows = np.flatnonzero(mask)
+        x = windows(rows) if x is None else x
+        out[f"x{key}"] = torch.from_numpy(((x - mean) / std).astype(np.float32))
+        out[f"y{key}"] = torch.from_numpy(y[rows])
+        out[f"w{key}"] = torch.from_numpy(w[rows])
+        out[f"s{key}"] = torch.from_numpy(start[rows])
+    return out
+
+
+@DATASETS.register("har", "UCI HAPT smartphone sensors: 6 activities, 2.56 s windows (6, 128), "
+                   "one natural client per user (30)")
+@lru_cache(maxsize=1)
+def load_har(root: Path | None) -> Dataset:
+    """Accelerometer + gyroscope windows standardised per channel (training statistics); the
+    writer of a window is its user id (1..30), so the `natural` scenario gives one client per
+    user. See `_har_arrays` for the windows and the time split."""
+    npz = _find(root, "har", [_HAR_FILE], ["har_hapt", "har", "."])
+    t = _cached([npz], "har", lambda: _har_arrays(npz))
+    return Dataset("har", t["xtr"], t["ytr"], t["xte"], t["yte"], len(HAR_ACTIVITIES),
+                   writers_train=t["wtr"], writers_test=t["wte"])
 
 
 def load_dataset(name: str, root: Path | None) -> Dataset:
