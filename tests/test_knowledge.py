@@ -12,7 +12,11 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from fedflock.clustering.threshold import relative_threshold, threshold_components
+from fedflock.clustering.threshold import (
+    default_neighbours,
+    neighbour_components,
+    threshold_components,
+)
 from fedflock.config import ModelConfig
 from fedflock.data.spec import DataSpec
 from fedflock.models import build_model
@@ -88,14 +92,31 @@ def test_threshold_components_join_on_either_direction() -> None:
     assert threshold_components(d, 10.0) == [[0, 1, 2, 3]]
 
 
-def test_relative_threshold_finds_groups_and_keeps_structureless_clients_together() -> None:
+def test_neighbour_components_find_groups_and_keep_one_cloud_whole() -> None:
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(3, 20)) * 5
     grouped = np.concatenate([c + 0.3 * rng.normal(size=(10, 20)) for c in centres])
-    d = _distances(grouped)
-    parts = threshold_components(d, relative_threshold(d))
-    assert parts == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
-    for seed in range(5):  # one cloud: never split, whatever its scale
-        cloud = np.random.default_rng(seed).normal(size=(30, 20)) * 10 ** seed
-        d = _distances(cloud)
-        assert len(threshold_components(d, relative_threshold(d))) == 1
+    d = _distances(grouped) ** 2
+    k = default_neighbours(len(d))
+    assert k == 3
+    assert neighbour_components(d, k) == [list(range(0, 10)), list(range(10, 20)),
+                                          list(range(20, 30))]
+    far = d.copy()
+    far[0, :] *= 1e6  # one client drifted far from everyone: it still finds its own group
+    far[:, 0] *= 1e6
+    assert neighbour_components(far, k) == neighbour_components(d, k)
+    for seed in range(20):  # one cloud, heavy-tailed distances: never split, whatever its scale
+        cloud = np.random.default_rng(seed).standard_t(2, size=(50, 30))
+        d = _distances(cloud) ** 2 * 10.0 ** (seed % 5 - 2)
+        assert neighbour_components(d, default_neighbours(50)) == [list(range(50))]
+
+
+def test_neighbour_components_rank_by_the_closer_direction() -> None:
+    d = np.array([[0.0, 9.0, 5.0, 5.0],
+                  [0.1, 0.0, 5.0, 5.0],
+                  [5.0, 5.0, 0.0, 0.1],
+                  [5.0, 5.0, 9.0, 0.0]])
+    assert neighbour_components(d, 1) == [[0, 1], [2, 3]]
+    assert neighbour_components(d, 3) == [[0, 1, 2, 3]]
+    assert neighbour_components(d, 0) == [[0], [1], [2], [3]]
+    assert [default_neighbours(n) for n in (2, 8, 20, 50, 100, 1000)] == [2, 2, 3, 4, 5, 7]

@@ -1,16 +1,21 @@
-"""Clustering without a preset number of clusters: the connected components of the graph that
-joins two clients when their distance is below a threshold (DistFL's union-find merge; the same
-partition as single linkage cut at that height).
+"""Clustering without a preset number of clusters: the connected components of a graph on the
+clients, joined either below a distance threshold or to their nearest neighbours.
 
-The threshold is either given (DistFL's paper: 0.2 on the KL divergence of responses) or set
-from the data: `relative_threshold` takes `factor` times the median nearest-neighbour distance,
-i.e. a multiple of how far apart clients of one cluster typically are. It is scale-free (the
-same factor whatever the divergence's units), and on structureless clients, whose nearest
-neighbours are about as far as everyone else, single linkage at a few times that spread chains
-them all into one cluster: no split.
+- `threshold_components`: two clients are joined when their distance is below a threshold
+  (DistFL's union-find merge; the same partition as single linkage cut at that height). Its
+  threshold is in the distance's units (DistFL's paper: 0.2 on the KL of responses).
+- `neighbour_components`: every client is joined to its k nearest others (the union k-NN
+  graph). It uses ranks only, so it is scale-free and indifferent to heavy tails (one client
+  whose local training drifted far does not move anyone else's neighbours). A structureless
+  cloud of n points gives a connected k-NN graph with high probability once k grows like log n
+  (Brito, Chavez, Quiroz & Yukich 1997), so `default_neighbours(n)` = round(ln n), at least 2:
+  the IID control stays whole; groups stay apart as long as each has more than k members whose
+  k nearest clients are all inside it.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -28,9 +33,25 @@ def threshold_components(distance: np.ndarray, threshold: float) -> list[list[in
     return sorted(parts, key=lambda part: part[0])
 
 
-def relative_threshold(distance: np.ndarray, factor: float = 3.0) -> float:
-    """`factor` times the median over clients of the distance to their nearest neighbour."""
+def default_neighbours(n: int) -> int:
+    """k for `neighbour_components` on n clients: round(ln n), at least 2 (8 clients: 2,
+    20: 3, 50: 4, 100: 5, 1,000: 7)."""
+    return max(2, round(math.log(max(n, 1))))
+
+
+def neighbour_components(distance: np.ndarray, k: int) -> list[list[int]]:
+    """Connected components of the union k-nearest-neighbour graph, ordered as
+    `threshold_components`. A non-symmetric distance ranks by the closer direction (the merge
+    rule's either-direction reading); ties go to the lower index."""
     d = np.asarray(distance, dtype=float)
-    d = np.minimum(d, d.T)  # the closer direction, as the merge rule joins on either
-    off = d + np.diag(np.full(len(d), np.inf))
-    return float(factor * np.median(off.min(axis=1)))
+    d = np.minimum(d, d.T)
+    n = len(d)
+    k = min(k, n - 1)
+    if k <= 0:
+        return [[i] for i in range(n)]
+    ranked = np.argsort(d + np.diag(np.full(n, np.inf)), axis=1, kind="stable")[:, :k]
+    rows = np.repeat(np.arange(n), k)
+    graph = csr_matrix((np.ones(n * k), (rows, ranked.ravel())), shape=(n, n))
+    count, labels = connected_components(graph, directed=True, connection="weak")
+    parts = [np.flatnonzero(labels == c).tolist() for c in range(count)]
+    return sorted(parts, key=lambda part: part[0])

@@ -58,7 +58,7 @@ SCENARIO_DOCS = {
     "dirichlet": "label skew: class proportions per client ~ Dirichlet(alpha)",
     "shards": "label skew: each client holds `classes_per_client` classes",
     "quantity_skew": "client sizes drawn log-normal(sigma)",
-    "natural": "one client per writer of a LEAF dataset (femnist)",
+    "natural": "one client per writer or user of a dataset that has them (femnist, har)",
 }
 
 
