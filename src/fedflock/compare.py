@@ -16,6 +16,7 @@ from fedflock.validation import validate
 HEADER = ("algorithm", "accuracy %", "worst %", "clusters", "ARI", "rounds", "seconds",
           "up Mfloats")
 ATTACK_HEADER = ("benign %", "ASR %")
+DP_HEADER = "DP ε"
 
 
 def _percent(row: dict[str, Any]) -> bool:
@@ -23,12 +24,14 @@ def _percent(row: dict[str, Any]) -> bool:
 
 
 def header(rows: list[dict[str, Any]]) -> list[str]:
-    """The table's columns: the attack columns only when the runs faced an attack; the
-    primary metric's name when it is not accuracy (e.g. perplexity)."""
+    """The table's columns: the attack columns only when the runs faced an attack, the DP
+    column only under differential privacy; the primary metric's name when it is not
+    accuracy (e.g. perplexity)."""
     columns = list(HEADER)
     if rows and not _percent(rows[0]):
         columns[1:3] = [rows[0]["metric"], "worst"]
-    return columns + (list(ATTACK_HEADER) if any("benign" in r for r in rows) else [])
+    columns += list(ATTACK_HEADER) if any("benign" in r for r in rows) else []
+    return columns + ([DP_HEADER] if any("dp" in r for r in rows) else [])
 
 
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
@@ -75,6 +78,12 @@ def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         row["benign"] = stat([a[f"benign_{metric}"] for a in attacks])
         if all(a.get("attack_success_rate") is not None for a in attacks):
             row["asr"] = stat([a["attack_success_rate"] for a in attacks])
+    dps = [s.get("dp") for s in summaries]
+    if all(dps):
+        first = dps[0]
+        row["dp"] = {"epsilon": stat([d["epsilon"] for d in dps]), "delta": first["delta"],
+                     "mechanism": first["mechanism"],
+                     "noise_multiplier": first["noise_multiplier"], "clip": first["clip"]}
     return row
 
 
@@ -97,6 +106,7 @@ def format_row(row: dict[str, Any]) -> list[str]:
         _fmt(row["seconds"], digits=1),
         _fmt(row["up_floats"], digits=1),
         *_attack_cells(row),
+        *_dp_cells(row),
     ]
 
 
@@ -107,9 +117,28 @@ def _attack_cells(row: dict[str, Any]) -> list[str]:
     return [_fmt(row["benign"], pct=True), _fmt(row["asr"], pct=True) if "asr" in row else "–"]
 
 
+def _dp_cells(row: dict[str, Any]) -> list[str]:
+    """The run's ε (whole run, max over clients), when it ran under differential privacy."""
+    if "dp" not in row:
+        return []
+    return [_fmt(row["dp"]["epsilon"], digits=2)]
+
+
+def _dp_note(rows: list[dict[str, Any]]) -> list[str]:
+    """What the ε column means, below the table."""
+    notes = sorted({f"{r['dp']['mechanism']} (σ = {r['dp']['noise_multiplier']:.4g}, "
+                    f"C = {r['dp']['clip']:g}, δ = {r['dp']['delta']:g})"
+                    for r in rows if "dp" in r})
+    if not notes:
+        return []
+    return ["", f"{DP_HEADER}: (ε, δ)-DP of the whole run against the server, the maximum over "
+            f"clients (RDP accountant, Opacus); mechanism {'; '.join(notes)}."]
+
+
 def markdown_table(rows: list[dict[str, Any]], seeds: list[int]) -> str:
     columns = header(rows)
     lines = [f"Seeds: {', '.join(map(str, seeds))} (mean ± std over seeds, final round)", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(format_row(r)) + " |" for r in rows]
+    lines += _dp_note(rows)
     return "\n".join(lines) + "\n"

@@ -156,9 +156,41 @@ class AttackConfig(_Strict):
         return self.kind in MODEL_POISONING
 
 
+class DPConfig(_Strict):
+    """Differential privacy on the clients (`fedflock.privacy.dp` says how it is accounted).
+
+    `dp-sgd`: every local step clips each sample's gradient to `clip` and adds Gaussian noise
+    (Opacus); example-level privacy of each client's data. `client`: each released update is
+    clipped to norm `clip` as a whole (BN statistics included) and noised on the client
+    (Geyer et al. 2017); client-level privacy. Give the whole run's target `epsilon` (the noise
+    multiplier is derived with Opacus's RDP accountant) or `noise_multiplier` directly.
+    """
+
+    mechanism: Literal["dp-sgd", "client"]
+    epsilon: float | None = Field(None, gt=0, description="target ε for the whole run")
+    noise_multiplier: float | None = Field(None, gt=0, description="σ: noise std = σ × clip")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    clip: float = Field(1.0, gt=0, description="clipping norm C (per sample or per update)")
+    noise: Literal["seeded", "secret"] = Field(
+        "seeded", description="seeded: noise drawn from (seed, round, client), reproducible, "
+        "simulation only (whoever knows the config can recompute it); secret: a seed the "
+        "server never learns, for deployments")
+    # Update releases each client is accounted for (rounds plus an algorithm's final releases):
+    # set by fedflock.validation, which sees the whole config; never read from YAML.
+    _releases: int | None = None
+
+    @model_validator(mode="after")
+    def _one_noise_source(self) -> DPConfig:
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give either epsilon (the target for the whole run) or "
+                             "noise_multiplier, not both")
+        return self
+
+
 class PrivacyConfig(_Strict):
     masking: bool = False
     mask_seed: int = Field(12345, description="shared by clients only, never used by the server")
+    dp: DPConfig | None = Field(None, description="differential privacy on the clients")
 
 
 class ServerConfig(_Strict):

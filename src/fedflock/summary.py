@@ -15,6 +15,7 @@ from fedflock.algorithms.base import Algorithm
 from fedflock.client.objectives import Objective
 from fedflock.config import ExperimentConfig
 from fedflock.engines.base import Engine
+from fedflock.privacy.dp import accounting, releases_of
 
 Evaluation = dict[int, dict[str, float]]  # client -> metric -> value
 
@@ -86,6 +87,9 @@ def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
         "wall_seconds": round(wall, 3),
         "rounds_per_second": round(config.rounds / wall, 4) if wall > 0 else None,
     }
+    dp = dp_summary(config, algorithm, engine)
+    if dp is not None:
+        summary["dp"] = dp
     soft = algorithm.memberships()
     if soft is not None:
         summary["memberships"] = np.round(soft, 6).tolist()
@@ -93,6 +97,21 @@ def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
         summary["missing_rounds"] = {str(c): r for c, r in sorted(engine.missing.items())}
         summary["rejected_replies"] = engine.rejected
     return summary
+
+
+def dp_summary(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
+               ) -> dict[str, Any] | None:
+    """The run's differential-privacy guarantee (ε for the whole run, max over clients, with δ)
+    and how it was accounted; None without `privacy.dp`. Recomputed from the config and the
+    example counts the clients declared, as the clients computed their noise."""
+    dp = config.privacy.dp
+    if dp is None:
+        return None
+    n = engine.num_clients
+    sizes = [engine.declared[c] for c in range(n) if c in engine.declared]
+    return accounting(dp, config.training, sizes, config.rounds,
+                      releases_of(config.rounds, type(algorithm)),
+                      config.participation.per_round(n), n)
 
 
 def attack_summary(config: ExperimentConfig, algorithm: Algorithm, engine: Engine,

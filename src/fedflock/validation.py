@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedflock.algorithms import validate_params
+from fedflock.algorithms import ALGORITHMS, validate_params
 from fedflock.config import (
     BUILTIN_SCENARIOS,
     ExperimentConfig,
@@ -18,6 +18,7 @@ from fedflock.config import (
 from fedflock.data import DATASETS, SCENARIOS
 from fedflock.errors import ConfigError
 from fedflock.models import MODELS
+from fedflock.privacy.dp import prepare as prepare_dp
 
 
 def validate(raw: dict[str, Any]) -> ExperimentConfig:
@@ -34,6 +35,8 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"config: data.scenario.kind: unknown scenario {kind!r} "
                           f"(expected one of: {known})")
     validate_params(config.algorithm)
+    if config.privacy.dp is not None:  # the clients' noise depends on the run's length
+        prepare_dp(config.privacy.dp, config.rounds, ALGORITHMS.get(config.algorithm.name))
     return config
 
 

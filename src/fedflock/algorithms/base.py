@@ -108,6 +108,9 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
     needs_model: ClassVar[bool] = False  # needs `context.model` (refuses masking)
+    # Updates each client releases after the last round (`final_tasks`), counted by the
+    # differential-privacy accounting beside one per round.
+    final_releases: ClassVar[int] = 0
     uses_ground_truth: ClassVar[bool] = False  # an evaluation reference, not a method
 
     def __init__(self, params: BaseModel, context: AlgorithmContext) -> None:

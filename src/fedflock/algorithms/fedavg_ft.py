@@ -22,6 +22,7 @@ class FineTuneParams(AlgorithmParams):
 class FedAvgFineTune(ClusteredAlgorithm):
     name = "fedavg_ft"
     Params = FineTuneParams
+    final_releases = 1  # the fine-tuned update goes to the server (its model is scored there)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

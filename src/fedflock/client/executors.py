@@ -18,7 +18,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedflock.client.runtime import ClientRuntime
 from fedflock.client.task import Reply, Task
-from fedflock.client.tasks import Train
+from fedflock.client.tasks import Train, released
 from fedflock.client.training import batch_schedule, sgd_step
 from fedflock.errors import ConfigError
 from fedflock.registry import Registry
@@ -149,7 +149,10 @@ class BatchedExecutor(Executor):
         self._loss = vmap(loss)
 
     def accelerates(self, task: Task) -> bool:
-        return isinstance(task, Train) and task.plain
+        """Plain training, unless DP-SGD needs per-sample gradients (those tasks run one by
+        one, through Opacus); client-level DP noises the batched updates like any other."""
+        dp = self.runtime.dp
+        return isinstance(task, Train) and task.plain and not (dp is not None and dp.per_sample)
 
     def run(self, tasks: list[Task]) -> list[Reply]:
         rt = self.runtime
@@ -203,11 +206,9 @@ class BatchedExecutor(Executor):
         updates = torch.zeros_like(starts)
         updates[:, : rt.spec.num_trainable] = final - starts[:, : rt.spec.num_trainable]
         counts = torch.tensor([len(sch) for sch in schedules], dtype=rt.dtype)
-        return [
-            Reply(t.client, {"update": rt.send(updates[i])},
-                  {"loss": float(loss_sum[i] / counts[i])}, d.num_train)
-            for i, (t, d) in enumerate(zip(tasks, data, strict=True))
-        ]
+        return [released(rt, t, starts[i], updates[i], float(loss_sum[i] / counts[i]),
+                         d.num_train, t.salt)
+                for i, (t, d) in enumerate(zip(tasks, data, strict=True))]
 
 
 def choose_executor(runtime: ClientRuntime, requested: str, workers: int | None) -> Executor:

@@ -1,8 +1,9 @@
-"""The client side of a federation: local data, the model template, the objective and the mask.
+"""The client side of a federation: local data, the model template, the objective, the mask and
+the differential-privacy mechanism.
 
 Every engine drives clients through this object (the embedded executors and a Flower ClientApp
 alike): a task reads the client's data and the model from it, `receive` unmasks what the server
-sent and `send` masks what goes back.
+sent and `send` masks what goes back; `dp` (when configured) noises updates before `send`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fedflock.config import AttackConfig, ModelConfig, PrivacyConfig, TrainingCo
 from fedflock.data.poisoning import check_label_map, flip_labels, malicious_clients
 from fedflock.data.scenarios import ClientData, FederatedData
 from fedflock.models import FlatSpec, ModelHandle, build_model
-from fedflock.privacy import PermutationMask
+from fedflock.privacy import ClientDP, PermutationMask
 
 
 class ClientRuntime:
@@ -44,6 +45,9 @@ class ClientRuntime:
             self.eval_model = self.eval_model.to(memory_format=torch.channels_last)
         privacy = privacy or PrivacyConfig()
         self.mask = PermutationMask(self.spec, privacy.mask_seed) if privacy.masking else None
+        self.dp = None if privacy.dp is None else ClientDP(
+            privacy.dp, training, self.model, self.spec, [c.num_train for c in data.clients],
+            model.name)
         for c in data.clients:  # integer inputs (token ids) stay integer
             if c.x_train.is_floating_point():
                 c.x_train, c.x_test = c.x_train.to(self.dtype), c.x_test.to(self.dtype)
@@ -85,6 +89,7 @@ class ClientRuntime:
 
     def receive(self, vector: torch.Tensor) -> torch.Tensor:
         vector = self.mask.unmask(vector) if self.mask is not None else vector
+        vector = self.dp.project(vector) if self.dp is not None else vector
         return vector.to(self.dtype)
 
     def send(self, vector: torch.Tensor) -> torch.Tensor:

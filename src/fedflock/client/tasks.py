@@ -27,6 +27,7 @@ from fedflock.client.training import (
     sample_losses,
     sample_stats,
     train_model,
+    train_model_private,
 )
 from fedflock.data.poisoning import flip_labels
 from fedflock.registry import Registry
@@ -36,9 +37,25 @@ if TYPE_CHECKING:
 
 
 def _check_update(task: Task, reply: Reply, size: int) -> None:
+    """The update, finite, of the agreed size, and the training loss, unless the client says it
+    kept it under differential privacy (`noise_std`: the noise it added)."""
     check_tensor(reply, "update", (size,))
-    check_metrics(reply, ["loss"])
+    if "noise_std" not in reply.metrics:
+        check_metrics(reply, ["loss"])
     Task.check(task, reply)
+
+
+def released(runtime: ClientRuntime, task: Task, start: torch.Tensor, update: torch.Tensor,
+             loss: float, num_examples: int, salt: str) -> Reply:
+    """The reply carrying a trained update. Under `privacy.dp` the update is clipped and noised
+    here, on the client, before masking (`ClientDP.release`), and the training loss, a statistic
+    of private data that no mechanism noised, is replaced by the (public) noise std."""
+    dp = runtime.dp
+    if dp is None:
+        return Reply(task.client, {"update": runtime.send(update)}, {"loss": loss}, num_examples)
+    noised = dp.release(update, runtime.task_seed(task, f"dp-{salt}"), start)
+    return Reply(task.client, {"update": runtime.send(noised)}, {"noise_std": dp.noise_std},
+                 num_examples)
 
 
 @register_task
@@ -83,12 +100,17 @@ class Train(Task):
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         weights = None if self.sample_weights is None else self.sample_weights.to(runtime.dtype)
-        update, loss = train_model(runtime.model, runtime.spec, start, data.x_train,
-                                   data.y_train, runtime.training,
-                                   runtime.task_seed(self, self.salt), self.epochs,
-                                   runtime.objective, weights, self.proximal(runtime, start))
-        return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
-                     data.num_train)
+        seed, proximal = runtime.task_seed(self, self.salt), self.proximal(runtime, start)
+        if runtime.dp is not None and runtime.dp.per_sample:
+            update, loss = train_model_private(
+                runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
+                runtime.training, seed, runtime.task_seed(self, f"dp-sgd-{self.salt}"),
+                self.epochs, runtime.objective, weights, proximal)
+        else:
+            update, loss = train_model(runtime.model, runtime.spec, start, data.x_train,
+                                       data.y_train, runtime.training, seed, self.epochs,
+                                       runtime.objective, weights, proximal)
+        return released(runtime, self, start, update, loss, data.num_train, self.salt)
 
     def update_base(self, reply: Reply) -> int:
         return id(self.params)
@@ -101,18 +123,26 @@ class Train(Task):
 @dataclass
 class Gradient(Task):
     """One full-batch gradient at `params`, sent as the update -lr * grad (CFL's gradient
-    variant; buffers unchanged)."""
+    variant; buffers unchanged). Under DP-SGD: one noised gradient of one Poisson batch (a
+    full batch would be a step at sample rate 1, which the accounting of training does not
+    cover)."""
 
     kind = "gradient"
     params: torch.Tensor
 
     def run(self, runtime: ClientRuntime) -> Reply:
         data = runtime.client_data(self.client)
-        update, loss = gradient_step(runtime.model, runtime.spec, runtime.receive(self.params),
-                                     data.x_train, data.y_train, runtime.training,
-                                     runtime.objective)
-        return Reply(self.client, {"update": runtime.send(update)}, {"loss": loss},
-                     data.num_train)
+        start = runtime.receive(self.params)
+        if runtime.dp is not None and runtime.dp.per_sample:
+            update, loss = train_model_private(
+                runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
+                runtime.training, runtime.task_seed(self, "gradient"),
+                runtime.task_seed(self, "dp-sgd-gradient"), objective=runtime.objective,
+                single_step=True)
+        else:
+            update, loss = gradient_step(runtime.model, runtime.spec, start, data.x_train,
+                                         data.y_train, runtime.training, runtime.objective)
+        return released(runtime, self, start, update, loss, data.num_train, "gradient")
 
     def update_base(self, reply: Reply) -> int:
         return id(self.params)
@@ -170,7 +200,8 @@ class Select(Task):
         if self.train:
             reply = Train(self.client, self.round, self.models[choice], self.epochs).run(runtime)
             tensors["update"] = reply.update
-            metrics["loss"] = reply.loss
+            if "loss" in reply.metrics:  # kept on the client under DP (the score's is sent)
+                metrics["loss"] = reply.loss
         return Reply(self.client, tensors, metrics, runtime.num_examples(self.client))
 
     def update_base(self, reply: Reply) -> tuple[int, int | None] | None:

@@ -7,8 +7,10 @@ and the batched (`torch.func.vmap`) executor run literally the same arithmetic.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,6 +18,9 @@ from torch import nn
 from fedflock.client.objectives import Classification, Objective
 from fedflock.config import TrainingConfig
 from fedflock.models.flat import FlatSpec
+
+if TYPE_CHECKING:
+    from fedflock.privacy import ClientDP
 
 
 def task_seed(seed: int, round_: int, client: int, salt: str = "train") -> int:
@@ -104,6 +109,59 @@ def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.
                 p.copy_(new)
         losses.append(loss.detach())
     return spec.flatten(model) - start, float(torch.stack(losses).mean())
+
+
+def train_model_private(dp: ClientDP, model: nn.Module, spec: FlatSpec, start: torch.Tensor,
+                        x: torch.Tensor, y: torch.Tensor, cfg: TrainingConfig, seed: int,
+                        noise_seed: int, epochs: int | None = None,
+                        objective: Objective | None = None,
+                        sample_weights: torch.Tensor | None = None,
+                        proximal: Proximal | None = None, single_step: bool = False
+                        ) -> tuple[torch.Tensor, float]:
+    """DP-SGD from `start` (`privacy.dp.mechanism: dp-sgd`); returns (update, mean loss).
+
+    Batches are Poisson samples (`dp.batches`); Opacus computes every sample's gradient, clips
+    it, sums, adds the noise and divides by the expected batch size (`DPOptimizer.pre_step`);
+    the step is `sgd_step`, as without DP. The proximal pull depends on no sample, so it is added
+    after the noise. `single_step` gives -lr times one noised gradient (the gradient task).
+    """
+    objective = objective or Classification()
+    module, inner = dp.module(model), dp.inner
+    spec.load(inner, start)
+    module.train()
+    params = list(module.parameters())
+    n = len(y)
+    steps = 1 if single_step else dp.local_steps(n, epochs)
+    optimizer = dp.optimizer(params, n, noise_seed)
+    bufs: list[torch.Tensor | None] = [None] * len(params)
+    pull = proximal.gradient(spec, start.dtype) if proximal is not None else None
+    losses = []
+    with warnings.catch_warnings():  # hooks on a module whose input needs no gradient
+        warnings.filterwarnings("ignore", message="Full backward hook")
+        for idx in dp.batches(n, seed, steps):
+            optimizer.zero_grad(set_to_none=True)
+            per_sample = objective.losses(module(x[idx]), y[idx])
+            if sample_weights is not None:
+                per_sample = per_sample * sample_weights[idx]
+            per_sample.sum().backward()
+            optimizer.pre_step()
+            with torch.no_grad():
+                grads = [p.grad for p in params]
+                if pull is not None:
+                    grads = [g + q for g, q in zip(grads, pull(params), strict=True)]
+                if single_step:
+                    update = torch.zeros_like(start)
+                    update[: spec.num_trainable] = -cfg.lr * torch.cat(
+                        [g.reshape(-1) for g in grads])
+                    return update, float(per_sample.detach().mean()) if len(idx) else 0.0
+                for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+                    new, bufs[i] = sgd_step(p, g, bufs[i], cfg)
+                    p.copy_(new)
+            if len(idx):
+                losses.append(per_sample.detach().mean())
+    optimizer.zero_grad(set_to_none=True)
+    mean = float(torch.stack(losses).mean()) if losses else 0.0
+    return spec.flatten(inner) - start, mean
 
 
 def gradient_step(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.Tensor,

@@ -187,7 +187,8 @@ class Engine(ABC):
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()
         losses = [r.loss for r in replies if "loss" in r.metrics]
-        diagnostics["train_loss"] = round(sum(losses) / max(1, len(losses)), 6)
+        if losses:  # none under differential privacy: the loss stays on the clients
+            diagnostics["train_loss"] = round(sum(losses) / len(losses), 6)
         if algorithm.kept:
             diagnostics["kept_models"], algorithm.kept = algorithm.kept, []
         return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
