@@ -101,8 +101,8 @@ class DistFLParams(AlgorithmParams):
                                    "(when no threshold); null: round(ln n), at least 2")
 
 
-@ALGORITHMS.register("distfl", "DistFL (experimental, issue 10): cluster by the KL of models' "
-                     "responses to inputs synthesised from BatchNorm statistics, no preset K")
+@ALGORITHMS.register("distfl", "DistFL: cluster by the KL of models' responses to inputs "
+                     "synthesised from BatchNorm statistics, no preset K")
 class DistFL(ClusteredAlgorithm):
     name = "distfl"
     Params = DistFLParams
