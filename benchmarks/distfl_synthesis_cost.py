@@ -31,8 +31,7 @@ def _handle(name: str, dataset: str, width: float) -> tuple[ModelHandle, torch.T
     """A handle on the model and a target vector whose BN statistics come from real data."""
     data = build_federated_data(DataConfig(dataset=dataset, clients=1, samples_per_client=256,
                                            test_per_client=1), seed=0)
-    cfg = ModelConfig(name=name, **({"width": width} if "width" in ModelConfig.model_fields
-                                    else {}))
+    cfg = ModelConfig(name=name, width=width)
     handle = ModelHandle(lambda: build_model(cfg, data.spec), input_shape=data.input_shape)
     model = handle.module()
     model.train()
@@ -52,7 +51,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--clients", type=int, default=50)
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     print(f"synthesis: {args.steps} Adam steps; responses: {args.clients} client models; "
           f"torch threads {torch.get_num_threads()}")
     print("| model | dataset | parameters | z | E | synthesis s | loss drop | responses s |")
