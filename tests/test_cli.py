@@ -47,6 +47,8 @@ BAD_CONFIGS = {
     "participation count 0": ({"participation": {"count": 0}}, "participation.count"),
     "unknown similarity": ({"algorithm": {"name": "incremental", "similarity": "jaccard"}},
                            "algorithm.similarity"),
+    "sketched manhattan": ({"algorithm": {"name": "incremental", "similarity": "manhattan",
+                                          "sketch": 64}}, "sketch"),
     "trimmed mean beta 0.5": ({"algorithm": {"name": "trimmed_mean", "beta": 0.5}},
                               "algorithm.beta"),
     "infinite lr": ({"training": {"lr": float("inf")}}, "training.lr"),

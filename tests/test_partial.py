@@ -65,6 +65,44 @@ def test_store_work_per_round_is_new_times_stored() -> None:
     assert len(store) == 51 and store.state_dict()["matrix"].shape == (51, 51)
 
 
+@pytest.mark.parametrize("measure", ["cosine", "euclidean"])
+def test_a_sketched_store_keeps_the_values_within_the_sketch_error(measure: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    dim, m, n = 20_000, 2048, 60
+    centres = torch.randn(3, dim, generator=gen)
+    updates = torch.stack([centres[i % 3] + torch.randn(dim, generator=gen) for i in range(n)])
+    exact = IncrementalSimilarity(measure)
+    sketched = IncrementalSimilarity(measure, sketch=m, sketch_seed=7)
+    for lo in range(0, n, 20):  # filled over rounds, as in a run
+        exact.add(list(range(lo, lo + 20)), updates[lo : lo + 20])
+        sketched.add(list(range(lo, lo + 20)), updates[lo : lo + 20])
+    truth, approx = exact.values()[1].double(), sketched.values()[1].double()
+    scale = 1.0 if measure == "cosine" else float(truth.max())
+    error = (truth - approx).abs() / scale
+    assert float(error.max()) < 5 * (2 / m) ** 0.5  # five standard errors of a cosine
+    assert float(error.max()) > 0  # a real sketch, not the updates themselves
+    assert sketched.state_dict()["updates"].shape == (n, m)
+    again = IncrementalSimilarity(measure, sketch=m, sketch_seed=7)
+    again.add(list(range(n)), updates)
+    assert torch.equal(again.values()[1], sketched.values()[1])  # seeded: the same map
+    restored = IncrementalSimilarity.from_state(sketched.state_dict())
+    restored.add([0], updates[:1])
+    assert torch.allclose(restored.values()[1], sketched.values()[1], atol=1e-5)
+
+
+def test_manhattan_refuses_a_sketch() -> None:
+    with pytest.raises(ValueError, match="inner products"):
+        IncrementalSimilarity("manhattan", sketch=64)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_sketched_incremental_run_finds_the_same_partition(tmp_path: Path) -> None:
+    exact = _run(tmp_path, "exact", algorithm={"name": "incremental", "sketch": None})
+    sketched = _run(tmp_path, "sketch", algorithm={"name": "incremental", "sketch": 512})
+    assert exact["ari"] == 1.0
+    assert sorted(map(sorted, sketched["clusters"])) == sorted(map(sorted, exact["clusters"]))
+
+
 # -- communities -------------------------------------------------------------------------------
 
 
@@ -204,15 +242,23 @@ def test_cfl_never_gives_absent_clients_a_row_and_routes_them_by_the_tree() -> N
     assert clusters == [[0, 1, 2, 7], [3, 4, 5, 6]]
 
 
-def test_cfl_skips_rounds_with_too_few_replies_without_resetting_patience() -> None:
-    cfl = make_algorithm("cfl", 10, 3, warmup_rounds=0, patience=2, min_replies=4)
+def test_cfl_gathers_a_window_over_rounds_once_its_model_has_settled() -> None:
+    cfl = make_algorithm("cfl", 10, 3, warmup_rounds=0, patience=2, min_replies=4,
+                         window_coverage=0.1)
     a, b = torch.tensor([1.0, 0, 0]), torch.tensor([0, 1.0, 0])
-    four = [_reply(0, a), _reply(1, a), _reply(5, b), _reply(6, b)]
-    cfl.aggregate_train(1, four)
-    cfl.aggregate_train(2, four[:3])  # too few: no statistic, patience kept
-    assert len(cfl.history[cfl._clusters[0].id]) == 1 and not cfl.decisions
-    cfl.aggregate_train(3, four)
+    root = cfl._clusters[0].id
+    cfl.aggregate_train(1, [_reply(0, a), _reply(1, a), _reply(5, b), _reply(6, b)])
+    watch = cfl.watches[root]
+    assert len(watch.pseudo_f) == 1  # four replied: a window of one round
+    cfl.aggregate_train(2, [_reply(0, a), _reply(5, b)])  # too few, and the model unsettled:
+    assert len(watch.pseudo_f) == 1 and len(watch.window) == 0  # the window is dropped
+    watch.stability.changes = [0.01] * 4  # settled: a window may now span rounds
+    cfl.aggregate_train(3, [_reply(0, a), _reply(5, b)])
+    assert len(watch.pseudo_f) == 1 and len(watch.window) == 2 and not cfl.decisions
+    cfl.aggregate_train(4, [_reply(2, a), _reply(7, b)])  # four members over two rounds
     assert len(cfl.decisions) == 1
+    assert sorted(map(sorted, cfl.decisions[0].members)) == [[0, 2], [5, 7]]
+    assert cfl.unplaced() == [1, 3, 4, 6, 8, 9]  # not in the deciding window: routed later
 
 
 # -- clustering as a defence -------------------------------------------------------------------

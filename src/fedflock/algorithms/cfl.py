@@ -14,22 +14,28 @@ Split rules (`split_rule`):
 Both require a cluster of at least `min_cluster_size` clients (the paper: more than 2), after
 `warmup_rounds` rounds of FedAvg.
 
-Partial participation. The statistics of a round use the updates of the cluster's members that
-replied in that round, all computed at the same model; a missing client is never given a row (no
-imputed similarity, no stale update). A round is evaluated when every member replied or at least
-`min_replies` did (fewer make the bipartition of a handful of points noise); other rounds neither
-count towards `patience` nor reset it. When a cluster splits, the members absent that round wait
-with the parent model and are routed by the parameter tree the next time they are sampled: they
-train the waiting model, their update follows the most similar edge (one tree level per
-participation; the update is not averaged, it was computed on another model). Clients still
-waiting after the last round are routed by final tasks.
+Partial participation. The statistics are computed on a window of the cluster's members' updates
+(`fedflock.clustering.watch`, shared with incremental clustering's re-examination): the replies
+of one round when at least `window_coverage` of the members (and `min_replies`) replied — under
+full participation always, the paper's same-round updates — otherwise the fewest consecutive
+rounds that gather that many distinct members (a member replying again replaces its earlier
+update), which is allowed only once the cluster's own model has stabilised (its relative change
+stopped shrinking, as incremental clustering tests it), since updates of different rounds also
+differ by age. A client that sent nothing in the window is never given a row (no imputed
+similarity). Each closed window is one observation for `patience`; an open one neither advances
+nor resets it. (A window of `min_replies` = 5 updates, which was the rule before, scores a
+bipartition of 5 points: noise when the cluster mixes several groups; at 5-7% participation CFL
+then never split.) When a cluster splits, the members
+absent from the window wait with the parent model and are routed by the parameter tree the next
+time they are sampled: they train the waiting model, their update follows the most similar edge
+(one tree level per participation; the update is not averaged, it was computed on another
+model). Clients still waiting after the last round are routed by final tasks.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -38,9 +44,10 @@ from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Gradient, Train
-from fedflock.clustering import ParameterTree, split_stats
+from fedflock.clustering import ParameterTree
 from fedflock.clustering.split_stats import SplitStats
-from fedflock.similarity import cosine_from_gram, gram_matrix
+from fedflock.clustering.stability import Stabilisation
+from fedflock.clustering.watch import SplitWatch
 
 
 class CFLParams(AlgorithmParams):
@@ -60,8 +67,13 @@ class CFLParams(AlgorithmParams):
     linkage: Literal["single", "complete"] = Field(
         "single", description="single: the paper's min-max cut; complete: the authors' code")
     min_cluster_size: int = Field(3, ge=2, description="smallest cluster considered for a split")
-    min_replies: int = Field(5, ge=2, description="replies a round needs under partial "
-                             "participation to count")
+    min_replies: int = Field(5, ge=2, description="fewest distinct members' updates in a "
+                             "window")
+    window_coverage: float = Field(0.0, ge=0, le=1, description="share of a cluster's members "
+                                   "whose updates a window needs besides min_replies (one round "
+                                   "when that many reply)")
+    stable_tol: float = Field(0.1, gt=0, lt=1, description="windows may span rounds once the "
+                              "cluster model's relative change shrank by less than this")
     max_clusters: int | None = Field(None, ge=1, description="stop splitting at this many")
     tree_updates: int | None = Field(
         64, ge=1, description="updates kept per parameter-tree edge to route new clients, the "
@@ -86,45 +98,53 @@ class CFL(ClusteredAlgorithm):
         super().__init__(*args, **kwargs)
         self.param_tree = ParameterTree(self.params.tree_updates)
         self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
-        self.history: dict[int, list[float]] = {}  # cluster -> split statistic per round
+        self.watches: dict[int, SplitWatch] = {}  # cluster -> its windows and statistics
 
     def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         if self.params.update == "gradients":
             return Gradient(client, rnd, params)
         return Train(client, rnd, params)
 
-    def _fires(self, rnd: int, cluster: Cluster, stats: SplitStats) -> bool:
+    def _watch(self, cluster_id: int) -> SplitWatch:
+        p = self.params
+        if cluster_id not in self.watches:
+            self.watches[cluster_id] = SplitWatch(Stabilisation(p.patience, p.stable_tol),
+                                                  p.window_coverage, p.min_replies)
+        return self.watches[cluster_id]
+
+    def _fires(self, watch: SplitWatch, stats: SplitStats) -> bool:
         p = self.params
         if p.split_rule == "eps":
             return stats.mean_norm < p.eps1 and stats.max_norm > p.eps2
-        recent = self.history.get(cluster.id, [])[-p.patience :]
-        return len(recent) == p.patience and min(recent) > p.f_threshold
+        return watch.fires(stats.pseudo_f, p.f_threshold)
 
     def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
                   diag: dict[str, Any]) -> list[list[int]] | None:
         p = self.params
-        enough = len(replies) == len(cluster.members) or len(replies) >= p.min_replies
-        if not enough or len(cluster.members) < p.min_cluster_size:
-            return None  # no statistic this round (patience neither advances nor resets)
-        replies = sorted(replies, key=lambda r: r.client)
-        updates = torch.stack([r.update[: self.update_size] for r in replies])
-        gram = gram_matrix(updates)
-        similarity = cosine_from_gram(gram).numpy()
-        weights = np.array([float(r.num_examples) for r in replies])
-        stats = split_stats(gram.numpy(), weights, similarity, p.linkage)
+        if len(cluster.members) < p.min_cluster_size:
+            return None
+        watch = self._watch(cluster.id)
+        found = watch.examine(cluster.members, cluster.params[: self.update_size],
+                              [r.client for r in replies],
+                              torch.stack([r.update[: self.update_size] for r in replies]),
+                              [r.num_examples for r in replies], p.linkage)
+        if found is None:
+            return None  # the window is still open (patience neither advances nor resets)
+        window, stats = found.window, found.stats
+        updates, similarity = window.updates, window.similarity
         diag.update(mean_norm=round(stats.mean_norm, 6), max_norm=round(stats.max_norm, 6),
                     pseudo_f=round(stats.pseudo_f, 4), gap=round(stats.gap, 4))
         if rnd < p.warmup_rounds:
             return None
-        self.history.setdefault(cluster.id, []).append(stats.pseudo_f)
         gamma_check = p.gamma_check if p.gamma_check is not None else p.split_rule == "eps"
-        if not self._fires(rnd, cluster, stats):
+        if not self._fires(watch, stats):
             return None
         if gamma_check and not stats.gamma_max < stats.gamma_bound:
             return None
         if p.max_clusters is not None and len(self._clusters) >= p.max_clusters:
             return None
-        members = [r.client for r in replies]
+        del self.watches[cluster.id]
+        members = window.clients
         parts = [[members[i] for i in part] for part in stats.parts]
         children = [self._next_id, self._next_id + 1]
         self.param_tree.record_split(
@@ -158,10 +178,13 @@ class CFL(ClusteredAlgorithm):
         return [{"statistic": "pseudo_f", "value": p.f_threshold, "label": "split threshold"}]
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"tree": self.param_tree.to_dict(),
-                                       "history": self.history}
+        return super().state_dict() | {
+            "tree": self.param_tree.to_dict(),
+            "watches": {k: w.state_dict() for k, w in self.watches.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.param_tree = ParameterTree.from_dict(state["tree"], self.params.tree_updates)
-        self.history = state["history"]
+        self.watches = {}
+        for key, watch in state["watches"].items():
+            self._watch(int(key)).load_state_dict(watch)

@@ -19,7 +19,20 @@ some partition, so communities that are not really apart are merged back (`merge
 stay apart only while the mean edge weight between them is at most `max_cross_ratio` times the
 mean weight within them (measured: 0.45-0.55 for IID clients whose stale updates Louvain cut by
 age, below 0.06 for true groups and attackers). If one community remains, FedAvg goes on
-(clustering is not retried).
+(and the split test below keeps examining it).
+
+Clustering is not final (`recheck`, on by default). Every cluster, the single one included
+when Louvain found no groups, keeps being examined on what its members already send, by the
+split test CFL uses (`fedflock.clustering.watch.SplitWatch`): its members' updates are collected
+in windows, each closed as soon as it holds updates of `window_coverage` of the members (one
+round under full participation; several only once the cluster's own model has stabilised, by
+the test above counted on the cluster's own rounds), and each scored by the scale-free pseudo-F
+of the min-max bipartition of their cosine matrix. Above `f_threshold` in `patience` windows in
+a row, the cluster splits in two (recorded in `splits` with the statistic that decided it, like
+CFL's); members that sent nothing in the deciding window wait with the parent model and are
+then placed like newcomers, but only among the parent's heirs. So an under-split (two groups
+Louvain left together, or a clustering done too early) is repaired by later splits, while a
+cluster without structure scores about 1 and stays whole.
 
 Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
 positive edge with them, so they form their own communities and poison only their own models.
@@ -35,7 +48,7 @@ import time
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
@@ -49,7 +62,12 @@ from fedflock.clustering.communities import (
     merge_close,
     modularity,
 )
-from fedflock.similarity.incremental import IncrementalSimilarity
+from fedflock.clustering.stability import Stabilisation
+from fedflock.clustering.watch import SplitWatch
+from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
+
+SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
+AUTO_SKETCH_BYTES = 4 * 2**30  # `sketch: auto` sketches when full updates could exceed this
 
 
 class IncrementalParams(AlgorithmParams):
@@ -75,6 +93,26 @@ class IncrementalParams(AlgorithmParams):
     restart: Literal["global", "initial"] = Field(
         "global", description="clusters start from the global model, or from the initial one "
         "(after a poisoned FedAvg phase)")
+    recheck: bool = Field(True, description="keep examining every cluster after clustering "
+                          "and split it when its members' updates hold two groups")
+    f_threshold: float = Field(3.5, gt=1.0, description="recheck: pseudo-F a split must exceed "
+                               "(as CFL's auto rule)")
+    window_coverage: float = Field(0.5, gt=0, le=1, description="recheck: share of a "
+                                   "cluster's members whose updates a split-test window needs")
+    min_cluster_size: int = Field(3, ge=2, description="recheck: smallest cluster examined")
+    sketch: int | Literal["auto"] | None = Field(
+        "auto", description="store a count sketch of this many dimensions per client instead of "
+        "its full update (null: never; auto: 4096 when every client's full update would take "
+        "more than 4 GiB)")
+
+    @model_validator(mode="after")
+    def _sketchable(self) -> IncrementalParams:
+        if isinstance(self.sketch, int) and self.similarity not in SKETCHABLE:
+            raise ValueError(f"sketch: a sketch preserves inner products, not {self.similarity} "
+                             "distances (use cosine or euclidean, or sketch: null)")
+        if isinstance(self.sketch, int) and self.sketch < 16:
+            raise ValueError("sketch: at least 16 dimensions")
+        return self
 
 
 @ALGORITHMS.register("incremental",
@@ -86,13 +124,24 @@ class Incremental(ClusteredAlgorithm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.store = IncrementalSimilarity(self.params.similarity, self.num_clients)
+        self.store = IncrementalSimilarity(self.params.similarity, self.num_clients,
+                                           self._sketch_size(), self.context.seed)
         self.initial = self._clusters[0].params.clone()
-        self.changes: list[float] = []
+        self.stability = Stabilisation(self.params.patience, self.params.stable_tol)
+        self.watches: dict[int, SplitWatch] = {}  # cluster -> its split test after clustering
         self.clustered_round: int | None = None
         self._offered: dict[int, list[int]] = {}
-        self._stack: tuple[list[torch.Tensor], torch.Tensor] | None = None
+        self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
+        self.children: dict[int, list[int]] = {}  # cluster -> the two it split into (recheck)
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
+
+    def _sketch_size(self) -> int | None:
+        sketch = self.params.sketch
+        if sketch != "auto":
+            return sketch
+        full = self.num_clients * self.update_size * 4
+        sketchable = self.params.similarity in SKETCHABLE
+        return SKETCH_SIZE if sketchable and full > AUTO_SKETCH_BYTES else None
 
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
@@ -110,8 +159,7 @@ class Incremental(ClusteredAlgorithm):
         before = self._clusters[0].params[: self.update_size].clone()
         out = super().aggregate_train(rnd, replies)
         after = self._clusters[0].params[: self.update_size]
-        change = float((after - before).norm() / before.norm().clamp_min(1e-12))
-        self.changes.append(change)
+        change = self.stability.add(before, after)
         out.update(stored=len(self.store), relative_change=round(change, 6),
                    similarity_seconds=round(seconds, 6),
                    similarity_mb=round(self.store.nbytes / 2**20, 3))
@@ -123,11 +171,7 @@ class Incremental(ClusteredAlgorithm):
         p = self.params
         if p.cluster_round is not None and rnd >= p.cluster_round:
             return True
-        if rnd < p.warmup_rounds or len(self.changes) < 2 * p.patience:
-            return False
-        recent = sum(self.changes[-p.patience :])
-        before = sum(self.changes[-2 * p.patience : -p.patience])
-        return (recent >= (1 - p.stable_tol) * before
+        return (rnd >= p.warmup_rounds and self.stability.stable()
                 and len(self.store) >= p.min_coverage * self.num_clients)
 
     def _cluster(self, rnd: int, out: dict[str, Any]) -> None:
@@ -161,6 +205,46 @@ class Incremental(ClusteredAlgorithm):
                              (clients, values.numpy())))
         self.store.release()
 
+    # -- after clustering: every cluster keeps being examined -------------------------------
+    def _watch(self, cluster_id: int) -> SplitWatch:
+        p = self.params
+        if cluster_id not in self.watches:
+            self.watches[cluster_id] = SplitWatch(Stabilisation(p.patience, p.stable_tol),
+                                                  p.window_coverage, p.min_cluster_size)
+        return self.watches[cluster_id]
+
+    def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
+                  diag: dict[str, Any]) -> list[list[int]] | None:
+        p = self.params
+        if (self.clustered_round is None or not p.recheck
+                or len(cluster.members) < p.min_cluster_size):
+            return None
+        watch = self._watch(cluster.id)
+        found = watch.examine(cluster.members, cluster.params[: self.update_size],
+                              [r.client for r in replies],
+                              torch.stack([r.update[: self.update_size] for r in replies]),
+                              [r.num_examples for r in replies])
+        if found is None:
+            return None
+        held = found.window.clients
+        diag.update(pseudo_f=round(found.stats.pseudo_f, 4), examined=len(held))
+        if not watch.fires(found.stats.pseudo_f, p.f_threshold):
+            return None
+        parts = [[held[i] for i in part] for part in found.stats.parts]
+        self.record(Decision("split", rnd, cluster.id, [self._next_id, self._next_id + 1],
+                             parts, {"rule": "recheck", **found.stats.figures(),
+                                     "examined": len(held), "members": len(cluster.members)},
+                             (held, found.window.similarity)))
+        del self.watches[cluster.id]
+        self.children[cluster.id] = [self._next_id, self._next_id + 1]
+        return parts
+
+    def thresholds(self) -> list[dict[str, Any]]:
+        if not self.params.recheck:
+            return []
+        return [{"statistic": "pseudo_f", "value": self.params.f_threshold,
+                 "label": "split threshold"}]
+
     # -- clients never seen before clustering --------------------------------------------------
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         if not self._ready_to_place(rnd):  # unplaced clients sit the round out
@@ -175,18 +259,38 @@ class Incremental(ClusteredAlgorithm):
         return all(self.trained_rounds.get(c.id, 0) >= p.placement_delay for c in self._clusters)
 
     def placement_task(self, rnd: int, client: int) -> Task:
-        self._offered[client] = [c.id for c in self._clusters]
-        return Select(client, rnd, self._cluster_models(), criterion="accuracy")
+        offered = self._offer(self._unplaced[client])
+        self._offered[client] = [c.id for c in offered]
+        return Select(client, rnd, self._stack_of(offered), criterion="accuracy")
 
-    def _cluster_models(self) -> torch.Tensor:
-        """The (K, P) stack of cluster models, built once while they stay the same: every
+    def _offer(self, key: int) -> list[Cluster]:
+        """The clusters a waiting client may join: those descending from the cluster it was a
+        member of when a later split left it out (it stays among its cluster's heirs, so a
+        client cannot use its placement to leave its community, e.g. an attacker choosing the
+        benign model), or any cluster for a client never seen before clustering."""
+        if key not in self.children:
+            return list(self._clusters)
+        heirs, todo = set(), list(self.children[key])
+        while todo:
+            node = todo.pop()
+            if node in self.children:
+                todo.extend(self.children[node])
+            else:
+                heirs.add(node)
+        return [c for c in self._clusters if c.id in heirs]
+
+    def _stack_of(self, clusters: list[Cluster]) -> torch.Tensor:
+        """The (K, P) stack of these cluster models, built once while they stay the same: every
         select task of a round shares it (thousands of final placements would otherwise hold
         thousands of copies)."""
-        params = [c.params for c in self._clusters]  # held, so they cannot be freed and reused
-        if self._stack is None or len(self._stack[0]) != len(params) or any(
-                a is not b for a, b in zip(self._stack[0], params, strict=True)):
-            self._stack = (params, torch.stack(params))
-        return self._stack[1]
+        params = [c.params for c in clusters]  # held, so they cannot be freed and reused
+        key = tuple(c.id for c in clusters)
+        held = self._stacks.get(key)
+        if held is None or any(a is not b for a, b in zip(held[0], params, strict=True)):
+            current = {c.id for c in self._clusters}
+            self._stacks = {k: v for k, v in self._stacks.items() if set(k) <= current}
+            held = self._stacks[key] = (params, torch.stack(params))
+        return held[1]
 
     def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
         offered = self._offered.pop(reply.client, [])
@@ -197,13 +301,19 @@ class Incremental(ClusteredAlgorithm):
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"store": self.store.state_dict(), "changes": self.changes,
-                                       "clustered_round": self.clustered_round,
-                                       "trained_rounds": self.trained_rounds}
+        return super().state_dict() | {
+            "store": self.store.state_dict(), "changes": self.stability.changes,
+            "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
+            "children": self.children,
+            "watches": {k: w.state_dict() for k, w in self.watches.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.store = IncrementalSimilarity.from_state(state["store"])
-        self.changes = state["changes"]
+        self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
         self.trained_rounds = state["trained_rounds"]
+        self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
+        self.watches = {}
+        for key, watch in state.get("watches", {}).items():
+            self._watch(int(key)).load_state_dict(watch)

@@ -5,6 +5,14 @@ they are compared with each other and with the n stored ones (one (k, n) matrix 
 per round, never the full n x n recomputation), and the new values overwrite the old ones of
 those pairs. Clients never seen have no row. Storage grows by doubling, so memory is O(n d + n^2)
 in the clients seen so far, not in all clients.
+
+Sketching (`sketch=m`). Storing every client's full update is O(n d): 10,000 clients of a
+79,510-parameter MLP already hold 3 GB. With a sketch the store keeps a seeded count sketch of
+each update instead (Charikar et al. 2002; each coordinate hashed to one of m buckets with a
+random sign, so one O(d) pass per update and O(d) memory for the hash): inner products, and so
+norms, cosines and Euclidean distances, are preserved in expectation, with a standard error of
+about sqrt((1 + cos^2) / m) on a cosine (0.016-0.022 at m = 4,096) whatever d is. Manhattan
+distances are not preserved, so that measure refuses a sketch.
 """
 
 from __future__ import annotations
@@ -41,11 +49,34 @@ MEASURES.register("euclidean", "Euclidean distance of updates")((_euclidean, Fal
 MEASURES.register("manhattan", "Manhattan (L1) distance of updates")((_manhattan, False))
 
 
+SKETCHABLE = ("cosine", "euclidean")
+
+
+class CountSketch:
+    """A seeded linear map R^d -> R^m: coordinate i goes to bucket h(i) with sign s(i)."""
+
+    def __init__(self, dim: int, size: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.dim, self.size, self.seed = dim, size, seed
+        self.bucket = torch.randint(size, (dim,), generator=gen)
+        self.sign = torch.randint(2, (dim,), generator=gen).float().mul_(2).sub_(1)
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(len(rows), self.size, dtype=torch.float32)
+        return out.index_add_(1, self.bucket, rows.float() * self.sign)
+
+
 class IncrementalSimilarity:
-    def __init__(self, measure: str = "cosine", max_clients: int | None = None) -> None:
+    def __init__(self, measure: str = "cosine", max_clients: int | None = None,
+                 sketch: int | None = None, sketch_seed: int = 0) -> None:
         self.max_clients = max_clients  # the storage never grows past this many rows
         self.measure_name = measure
         self.measure, self.is_similarity = MEASURES.get(measure)
+        if sketch is not None and measure not in SKETCHABLE:
+            raise ValueError(f"a sketch preserves inner products, not {measure} distances "
+                             f"(sketchable: {', '.join(SKETCHABLE)})")
+        self.sketch_size, self.sketch_seed = sketch, sketch_seed
+        self._sketch: CountSketch | None = None
         self.slot: dict[int, int] = {}  # client -> row
         self.clients: list[int] = []  # row -> client
         self.updates = torch.empty(0, 0)
@@ -76,8 +107,9 @@ class IncrementalSimilarity:
         self.updates, self.sq, self.matrix = updates, sq, matrix
 
     def add(self, clients: list[int], updates: torch.Tensor) -> None:
-        """Store the newest updates (k, d) of `clients` and their values against everyone."""
-        updates = updates.float()
+        """Store the newest updates (k, d) of `clients` (or their sketches) and their values
+        against everyone."""
+        updates = self._sketched(updates.float())
         for c in clients:
             if c not in self.slot:
                 self.slot[c] = len(self.clients)
@@ -92,6 +124,13 @@ class IncrementalSimilarity:
         self.matrix[rows, :n] = values
         self.matrix[:n, rows] = values.T
         self.matrix[rows, rows] = 1.0 if self.is_similarity else 0.0
+
+    def _sketched(self, updates: torch.Tensor) -> torch.Tensor:
+        if self.sketch_size is None or self.sketch_size >= updates.shape[1]:
+            return updates
+        if self._sketch is None:
+            self._sketch = CountSketch(updates.shape[1], self.sketch_size, self.sketch_seed)
+        return self._sketch(updates)
 
     def values(self) -> tuple[list[int], torch.Tensor]:
         """(clients seen, in row order; their matrix of values)."""
@@ -108,13 +147,15 @@ class IncrementalSimilarity:
     def state_dict(self) -> dict[str, Any]:
         n = len(self.clients)
         return {"measure": self.measure_name, "max_clients": self.max_clients,
+                "sketch": self.sketch_size, "sketch_seed": self.sketch_seed,
                 "clients": list(self.clients),
                 "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
                 "matrix": self.matrix[:n, :n].clone()}  # empty once released
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:
-        store = cls(state["measure"], state.get("max_clients"))
+        store = cls(state["measure"], state.get("max_clients"), state.get("sketch"),
+                    state.get("sketch_seed", 0))
         store.clients = list(state["clients"])
         store.slot = {c: i for i, c in enumerate(store.clients)}
         store.updates, store.sq, store.matrix = state["updates"], state["sq"], state["matrix"]

@@ -1,0 +1,74 @@
+"""Keep examining a cluster: CFL's scale-free split test on what its members already send.
+
+Each round the cluster is trained, its members' updates go into a window (`UpdateWindow`) that
+closes as soon as it holds updates of `coverage` of the members (at least `min_size`): one round
+under full participation (then this is exactly CFL's same-round test), the fewest rounds that
+reach the coverage otherwise, and those only once the cluster's own model has settled
+(`Stabilisation`), so that the updates of a window differ by data more than by age. Each closed
+window is scored by the pseudo-F of the min-max bipartition of its cosine matrix (about 1 for
+structureless updates, large when the two parts point apart, see `split_stats`). Above
+`f_threshold` in `patience` windows in a row, fresh evidence each time, the cluster holds two
+groups and should split. No extra communication, no scale or round number in the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedflock.clustering.split_stats import SplitStats, split_stats
+from fedflock.clustering.stability import Stabilisation
+from fedflock.clustering.window import UpdateWindow, Window
+
+
+@dataclass
+class Examination:
+    window: Window
+    stats: SplitStats
+
+
+@dataclass
+class SplitWatch:
+    stability: Stabilisation
+    coverage: float
+    min_size: int
+    window: UpdateWindow = field(default_factory=UpdateWindow)
+    pseudo_f: list[float] = field(default_factory=list)
+
+    def needed(self, members: int) -> int:
+        return min(members, max(self.min_size, math.ceil(self.coverage * members)))
+
+    def examine(self, members: list[int], model: torch.Tensor, clients: list[int],
+                updates: torch.Tensor, examples: list[int], linkage: str = "single"
+                ) -> Examination | None:
+        """Take this round's updates of replying `clients`, computed at `model`; the
+        statistics of the window when it closes (None while it is open)."""
+        self.stability.observe(model)
+        # a window begun while the model was settled runs to its end (the relative change of
+        # a partially sampled cluster is noisy: re-testing each round would drop most windows)
+        may_span = len(self.window) > 0 or self.stability.stable()
+        window = self.window.add(clients, updates, examples, self.needed(len(members)),
+                                 may_span=may_span)
+        if window is None:
+            return None
+        return Examination(window, split_stats(window.gram.numpy(), window.examples,
+                                               window.similarity, linkage))
+
+    def fires(self, pseudo_f: float, threshold: float) -> bool:
+        """Count one window's pseudo-F; True after `patience` windows above `threshold`."""
+        self.pseudo_f.append(pseudo_f)
+        recent = self.pseudo_f[-self.stability.patience :]
+        return len(recent) == self.stability.patience and min(recent) > threshold
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"changes": list(self.stability.changes), "last": self.stability.last,
+                "pseudo_f": list(self.pseudo_f), "window": self.window.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stability.changes = list(state["changes"])
+        self.stability.last = state["last"]
+        self.pseudo_f = list(state["pseudo_f"])
+        self.window = UpdateWindow.from_state(state["window"])

@@ -1,0 +1,105 @@
+"""Clustering that corrects itself: the stabilisation test, the windowed split test that keeps
+examining a cluster, and incremental clustering repairing an under-split with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedflock.clustering.stability import Stabilisation
+from fedflock.clustering.watch import SplitWatch
+from fedflock.experiment import run_experiment
+from fedflock.validation import validate
+from tests.conftest import small_config
+
+
+def _verdicts(changes: list[float], scale: float) -> list[bool]:
+    stability = Stabilisation(patience=3, tol=0.1)
+    out = []
+    for change in changes:
+        before = torch.full((4,), scale)
+        stability.add(before, before * (1 + change))
+        out.append(stability.stable())
+    return out
+
+
+def test_stabilisation_waits_until_the_change_stops_shrinking_whatever_the_scale() -> None:
+    shrinking = [0.5 * 0.8**t for t in range(12)]
+    settled = shrinking + [shrinking[-1]] * 6
+    assert not any(_verdicts(shrinking, 1.0))
+    assert _verdicts(settled, 1.0)[-1]
+    assert _verdicts(settled, 1e-3) == _verdicts(settled, 1.0) == _verdicts(settled, 1e3)
+
+
+MODEL = torch.ones(5)
+
+
+def _settled_watch(patience: int = 2) -> SplitWatch:
+    watch = SplitWatch(Stabilisation(patience, 0.1), coverage=0.5, min_size=3)
+    watch.stability.changes = [0.01] * (2 * patience)
+    watch.stability.last = MODEL  # observing the same model again adds no change
+    return watch
+
+
+def _updates(directions: list[torch.Tensor], gen: torch.Generator) -> torch.Tensor:
+    return torch.stack([d + 0.05 * torch.randn(len(d), generator=gen) for d in directions])
+
+
+def test_a_watch_splits_two_groups_from_windows_of_same_period_updates() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.zeros(50), torch.zeros(50)
+    a[0], b[1] = 1.0, 1.0
+    members = list(range(8))  # 0-3 send a, 4-7 send b
+    watch = _settled_watch(patience=2)
+    found = []
+    for rnd in range(6):  # two members a round: a window of 4 closes every other round
+        clients = [(2 * rnd) % 4, 4 + (2 * rnd + 1) % 4]
+        exam = watch.examine(members, MODEL, clients, _updates([a, b], gen), [10, 10])
+        found.append(exam)
+    exams = [e for e in found if e is not None]
+    assert [e is None for e in found] == [True, False, True, False, True, False]
+    assert all(len(e.window.clients) == 4 for e in exams)  # a window holds only its own updates
+    verdicts = [watch.fires(e.stats.pseudo_f, 3.5) for e in exams]
+    assert verdicts == [False, True, True]  # patience 2: two windows in a row
+    held = exams[1].window.clients
+    parts = sorted(sorted(held[i] for i in part) for part in exams[1].stats.parts)
+    assert all(set(p) <= {0, 1, 2, 3} or set(p) <= {4, 5, 6, 7} for p in parts)
+
+
+def test_a_watch_never_splits_a_cluster_without_structure_nor_spans_rounds_unsettled() -> None:
+    gen = torch.Generator().manual_seed(1)
+    common = torch.zeros(50)
+    common[0] = 1.0
+    members = list(range(8))
+    watch = _settled_watch(patience=2)
+    for rnd in range(40):
+        clients = [(2 * rnd) % 8, (2 * rnd + 1) % 8]
+        exam = watch.examine(members, MODEL, clients, _updates([common, common], gen), [10, 10])
+        assert exam is None or not watch.fires(exam.stats.pseudo_f, 3.5)
+    assert len(watch.pseudo_f) == 20 and max(watch.pseudo_f) < 3.5
+    unsettled = SplitWatch(Stabilisation(2, 0.1), 0.5, 3)
+    unsettled.stability.changes = [0.4, 0.3, 0.2, 0.1]  # still shrinking
+    unsettled.stability.last = MODEL
+    exam = unsettled.examine(members, MODEL, [0, 4], _updates([common, common], gen), [1, 1])
+    assert exam is None and len(unsettled.window) == 0  # too few for one round: dropped
+    whole = unsettled.examine(members, MODEL, [0, 1, 2, 3, 4], _updates([common] * 5, gen),
+                              [1] * 5)
+    assert whole is not None  # a window of one round needs no settled model
+
+
+PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
+           "data.samples_per_client": 60, "participation.fraction": 0.25,
+           "training.local_epochs": 2, "model.hidden": [64], "checkpoint_every": 20}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> None:
+    # max_cross_ratio so small that every Louvain community is merged back: one cluster
+    raw = small_config(**PARTIAL, algorithm={"name": "incremental", "max_cross_ratio": 1e-3})
+    summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
+    splits = summary["splits"]  # Louvain's communities were merged into one: no split there
+    assert len(splits) == 3 and all(s["rule"] == "recheck" for s in splits)
+    assert all(s["pseudo_f"] > 3.5 for s in splits)
+    assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
