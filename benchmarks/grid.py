@@ -38,9 +38,10 @@ from fedflock.validation import validate
 
 SCENARIOS = ("label_permutation", "label_swap", "rotation", "feature_skew", "iid")
 MAX_GROUPS = {"feature_skew": 5}  # one distinct transform per group
-# (training pool, most clients x samples drawn from it: digits and mnist5k reuse samples above
-# their pool, which the data layer allows with a warning; capped so reuse stays below 3x)
-DATASETS = {"mnist": (60_000, 180_000), "mnist5k": (4_000, 12_000), "digits": (1_437, 4_300)}
+# most clients x samples drawn from each training pool (60,000 / 4,000 / 1,437): digits and
+# mnist5k reuse samples above their pool, which the data layer allows with a warning; capped
+# so reuse stays below 3x
+MAX_DRAWS = {"mnist": 180_000, "mnist5k": 12_000, "digits": 4_300}
 DATASET_WEIGHTS = {"mnist": 0.6, "mnist5k": 0.2, "digits": 0.2}
 REFERENCES = ("fedavg", "oracle")
 GOOD_ARI = 0.95
@@ -97,9 +98,9 @@ def draw_cells(count: int, seed: int = 13) -> list[Cell]:
         groups = 1 if scenario == "iid" else int(rng.integers(2, MAX_GROUPS.get(scenario, 8) + 1))
         clients = round(_log_uniform(rng, 30, 300))
         samples = round(_log_uniform(rng, 50, 600))
-        samples = max(50, min(samples, DATASETS[dataset][1] // clients))
+        samples = max(50, min(samples, MAX_DRAWS[dataset] // clients))
         participation = round(_log_uniform(rng, 0.05, 1.0), 2)
-        if clients < 4 * groups or clients * samples > DATASETS[dataset][1]:
+        if clients < 4 * groups or clients * samples > MAX_DRAWS[dataset]:
             continue  # too few clients per group, or a pool reused more than 3 times
         cells.append(Cell(dataset, scenario, groups, clients, samples, participation))
     return cells

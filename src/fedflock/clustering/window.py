@@ -27,11 +27,8 @@ class Window:
     clients: list[int]  # sorted; the row order of the fields below
     updates: torch.Tensor  # (n, d)
     gram: torch.Tensor  # (n, n) float64
+    similarity: np.ndarray  # (n, n) cosine, from the Gram matrix
     examples: np.ndarray  # (n,) training examples behind each update
-
-    @property
-    def similarity(self) -> np.ndarray:
-        return cosine_from_gram(self.gram).numpy()
 
 
 @dataclass
@@ -55,7 +52,8 @@ class UpdateWindow:
             return None
         held = sorted(self.updates)
         stacked = torch.stack([self.updates[c] for c in held])
-        window = Window(held, stacked, gram_matrix(stacked),
+        gram = gram_matrix(stacked)
+        window = Window(held, stacked, gram, cosine_from_gram(gram).numpy(),
                         np.array([float(self.examples[c]) for c in held]))
         self.updates, self.examples = {}, {}
         return window
