@@ -48,7 +48,7 @@ def _play(config, engine, algorithm, rounds: range) -> list[dict]:
     out = []
     for rnd in rounds:
         clients = sample_clients(engine.num_clients, config.participation, config.seed, rnd)
-        diagnostics, _ = engine.train_round(algorithm, rnd, clients)
+        diagnostics, _, _ = engine.train_round(algorithm, rnd, clients)
         out.append(diagnostics)
     return out
 

@@ -12,14 +12,14 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Task
+from fedflock.client.task import InvalidReply, Task
 from fedflock.client.tasks import Basis, Evaluate, Gradient, Losses, Responses, Select, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import (
     message_type,
     record_tensors,
-    reply_from_message,
+    replies_from_message,
     task_content,
 )
 from fedflock.validation import validate
@@ -45,7 +45,7 @@ def _setup(tmp_path: Path, client: int = 1) -> tuple[Context, ClientRuntime]:
 
 
 def _send(task: Task, context: Context) -> Message:
-    return app(Message(task_content(task), 7, message_type(task)), context)
+    return app(Message(task_content([task]), 7, message_type([task])), context)
 
 
 def _tasks(runtime: ClientRuntime) -> list[Task]:
@@ -66,7 +66,7 @@ def _tasks(runtime: ClientRuntime) -> list[Task]:
 def test_every_task_through_the_clientapp_equals_the_runtime(tmp_path: Path) -> None:
     context, runtime = _setup(tmp_path)
     for task in _tasks(runtime):
-        reply = reply_from_message(_send(task, context), 1)
+        (reply,) = replies_from_message(_send(task, context), 1, 1)
         task.check(reply)
         local = task.run(runtime)
         assert reply.tensors.keys() == local.tensors.keys(), task.kind
@@ -125,3 +125,26 @@ def test_query_reports_partition_group_data_and_initial_models(tmp_path: Path) -
     assert models.shape == (3, runtime.spec.size)
     assert torch.equal(models[0], runtime.initial_params())
     assert not torch.equal(models[1], models[2])  # distinct seeded initialisations
+
+
+def test_an_evaluation_and_a_training_travel_as_one_message(tmp_path: Path) -> None:
+    """One message per client and round: the model evaluated and the model trained are the same
+    tensor, sent once; the two replies equal the tasks run on the runtime, in order."""
+    context, runtime = _setup(tmp_path)
+    start = runtime.initial_params()
+    tasks: list[Task] = [Evaluate(1, 3, start), Train(1, 3, start.clone())]
+    content = task_content(tasks)
+    assert list(content.array_records["tensors"]) == ["t0"]  # equal tensors travel once
+    message = Message(content, 7, message_type(tasks))
+    assert message.metadata.message_type == "train.evaluate__train"
+    replies = replies_from_message(app(message, context), 1, 2)
+    for task, reply in zip(tasks, replies, strict=True):
+        task.check(reply)
+        local = task.run(runtime)
+        assert reply.metrics == pytest.approx(local.metrics)
+        assert all(torch.equal(reply.tensors[k], v) for k, v in local.tensors.items())
+    assert "accuracy" in replies[0].metrics and "update" in replies[1].tensors
+    with pytest.raises(InvalidReply, match="more replies"):
+        replies_from_message(app(message, context), 1, 1)
+    with pytest.raises(InvalidReply, match=r"'2\.reply'"):
+        replies_from_message(app(message, context), 1, 3)

@@ -21,10 +21,10 @@ from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import (
     message_type,
+    replies_from_message,
     reply_content,
-    reply_from_message,
     task_content,
-    task_from_message,
+    tasks_from_message,
 )
 from fedflock.validation import validate
 from tests.conftest import small_config
@@ -78,19 +78,19 @@ def test_a_new_task_round_trips_through_the_flower_codec_and_clientapp(tmp_path:
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 2}, state=RecordDict(),
                       run_config={"config": str(tmp_path / "c.yaml")})
     task = ClassMeans(2, 4, torch.tensor([1, 5, 9]), scale=0.5)
-    message = Message(task_content(task), 7, message_type(task))
+    message = Message(task_content([task]), 7, message_type([task]))
     assert message.metadata.message_type == "train.test_class_means"
-    decoded = task_from_message(message, 2)
+    (decoded,) = tasks_from_message(message, 2)
     assert isinstance(decoded, ClassMeans) and decoded.scale == 0.5 and decoded.round == 4
     assert torch.equal(decoded.classes, task.classes)
     answer = app(message, context)  # the ClientApp's one generic handler
-    reply = reply_from_message(answer, 2)
+    (reply,) = replies_from_message(answer, 2, 1)
     task.check(reply)
     local = task.run(_runtime())
     assert torch.equal(reply.tensors["means"], local.tensors["means"])
     assert reply.metrics == {"classes": 3.0} and reply.num_examples == local.num_examples
     # and the reply encoding is the inverse of the decoding
-    again = reply_from_message(Message(reply_content(reply), reply_to=message), 2)
+    (again,) = replies_from_message(Message(reply_content([reply]), reply_to=message), 2, 1)
     assert torch.equal(again.tensors["means"], reply.tensors["means"])
 
 

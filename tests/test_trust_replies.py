@@ -19,48 +19,21 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.task import InvalidReply, Reply
 from fedflock.engines.embedded import EmbeddedEngine
-from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import decode_array
 from fedflock.engines.flower.engine import FlowerEngine
 from fedflock.experiment import Run
 from fedflock.validation import validate
 from tests.conftest import make_algorithm, small_config, update_reply
+from tests.inprocess_grid import InProcessGrid, Tamper
 
 HOSTILE = 2  # the partition of the hostile node
-Tamper = Callable[[Message, Message], list[Message]]
-
-
-class InProcessGrid:
-    """A Flower Grid whose nodes run the real ClientApp in this process. `tamper[node]`
-    rewrites what a node sends back (a list: nothing, one reply or several)."""
-
-    def __init__(self, config: Path, partitions: dict[int, int],
-                 tamper: dict[int, Tamper] | None = None) -> None:
-        self.partitions = partitions  # node id -> partition id it claims
-        self.tamper = tamper or {}
-        self.contexts = {node: Context(run_id=1, node_id=node, node_config={"partition-id": p},
-                                       state=RecordDict(), run_config={"config": str(config)})
-                         for node, p in partitions.items()}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.partitions)
-
-    def send_and_receive(self, messages: list[Message], timeout: float | None = None
-                         ) -> list[Message]:
-        out = []
-        for message in messages:
-            node = message.metadata.dst_node_id
-            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, node
-            reply = app(message, self.contexts[node])
-            tamper = self.tamper.get(node)
-            out.extend(tamper(message, reply) if tamper else [reply])
-        TaskIdentity.node_id = 0
-        return out
 
 
 def _run(tmp_path: Path, name: str, tamper: dict[int, Tamper] | None = None,
          partitions: dict[int, int] | None = None, **overrides: object) -> dict:
-    raw = small_config(rounds=3, **{"algorithm.name": "fedavg", **overrides})
+    # One task per message (`eval_mode: separate`), so a tamper sees each kind on its own.
+    raw = small_config(rounds=3, **{"algorithm.name": "fedavg", "eval_mode": "separate",
+                                    **overrides})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg = validate(raw)
@@ -78,18 +51,20 @@ def _is_task(message: Message, kind: str = "train.train") -> bool:
 
 
 def _rebuild(message: Message, original: Message, **parts: object) -> list[Message]:
-    """The reply with some of its records replaced (`tensors`, `metrics`, `reply`)."""
+    """The reply with some of its records replaced (`tensors`, `metrics`, `reply` of its one
+    task)."""
     content = original.content
-    records = {"tensors": content.array_records.get("tensors", ArrayRecord()),
-               "metrics": content.metric_records.get("metrics", MetricRecord()),
-               "reply": content.config_records.get("reply", ConfigRecord())}
+    records = {"tensors": content.array_records.get("0.tensors", ArrayRecord()),
+               "metrics": content.metric_records.get("0.metrics", MetricRecord()),
+               "reply": content.config_records.get("0.reply", ConfigRecord())}
     records.update(parts)
+    records = {f"0.{k}": v for k, v in records.items()}
     return [Message(RecordDict({k: v for k, v in records.items() if v is not None}),
                     reply_to=message)]
 
 
 def _update(reply: Message) -> np.ndarray:
-    return reply.content.array_records["tensors"]["update"].numpy()
+    return reply.content.array_records["0.tensors"]["update"].numpy()
 
 
 def _with_update(values: np.ndarray) -> Tamper:
@@ -117,7 +92,7 @@ def _with_meta(**values: object) -> Tamper:
     def tamper(message: Message, reply: Message) -> list[Message]:
         if not _is_task(message):
             return [reply]
-        meta = dict(reply.content.config_records["reply"])
+        meta = dict(reply.content.config_records["0.reply"])
         meta.update(values)
         return _rebuild(message, reply, reply=ConfigRecord(meta))
     return tamper  # type: ignore[return-value]
@@ -136,7 +111,7 @@ def _evaluation_about(other: int) -> Tamper:
     def tamper(message: Message, reply: Message) -> list[Message]:
         if not _is_task(message, "train.evaluate"):
             return [reply]
-        meta = dict(reply.content.config_records["reply"])
+        meta = dict(reply.content.config_records["0.reply"])
         return _rebuild(message, reply, reply=ConfigRecord({**meta, "client": other}))
     return tamper  # type: ignore[return-value]
 
@@ -159,7 +134,7 @@ HOSTILE_REPLIES: dict[str, tuple[Tamper, str]] = {
     "no loss": (_with_metrics({}), "'loss'"),
     "infinite loss": (_with_metrics({"loss": float("inf")}), "'loss'"),
     "list as loss": (_with_metrics({"loss": [1.0, 2.0]}), "'loss'"),
-    "no metrics record": (_with_metrics(None), "record 'metrics'"),
+    "no metrics record": (_with_metrics(None), "record '0.metrics'"),
     "evaluation of another client": (_evaluation_about(0), "claims client 0"),
     "evaluation without metrics": (_with_metrics({}, "train.evaluate"), "without metrics"),
 }

@@ -217,6 +217,13 @@ class ExperimentConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     checkpoint_every: int = Field(10, ge=1)
     eval_every: int = Field(1, ge=1)
+    eval_mode: Literal["auto", "separate", "with_training"] = Field(
+        "auto", description="how rounds before the last are evaluated: 'separate' (every "
+        "client scores its model after the round's aggregation, one message each), "
+        "'with_training' (each sampled client scores the model it receives, before training, "
+        "in its training message: one message per client and round), 'auto' (with_training "
+        "on Flower, separate on the embedded engine). The last round is always evaluated "
+        "separately, so summary.json is the same in every mode")
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:

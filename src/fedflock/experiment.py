@@ -164,10 +164,20 @@ class Run:
                evaluation: Evaluation) -> tuple[dict[str, Any], Evaluation]:
         cfg = self.config
         clients = sample_clients(engine.num_clients, cfg.participation, cfg.seed, rnd)
-        diagnostics, timing = engine.train_round(algorithm, rnd, clients)
+        scheduled = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
+        with_training = scheduled and rnd < cfg.rounds and (
+            cfg.eval_mode == "with_training"
+            or (cfg.eval_mode == "auto" and engine.pays_per_message))
+        diagnostics, timing, received = engine.train_round(algorithm, rnd, clients,
+                                                           evaluate=with_training)
         record: dict[str, Any] = {"round": rnd, "participants": len(clients)}
         t0 = time.perf_counter()
-        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+        if with_training:  # the sampled clients' received models, scored before training
+            record["evaluated"] = "received"
+            if received:
+                record.update(round_record(received, objective),
+                              evaluated_clients=sorted(received))
+        elif scheduled:
             evaluation = engine.evaluate(algorithm, rnd) or evaluation
             record.update(round_record(evaluation, objective))
         timing["evaluate"] = time.perf_counter() - t0

@@ -62,7 +62,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.metrics import adjusted_rand_score
 
 from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm, weighted_mean
@@ -227,6 +226,8 @@ def _figures(divergence: np.ndarray, parts: list[list[int]], clients: list[int],
     """What a clustering found: the largest divergence inside a cluster and the smallest
     between clusters, the synthesis loss before and after, and the agreement (ARI) with the
     partition it replaced."""
+    from sklearn.metrics import adjusted_rand_score  # server-only: out of the ClientApp's import
+
     index = {c: i for i, c in enumerate(clients)}
     label = np.empty(len(clients), dtype=int)
     for k, part in enumerate(parts):

@@ -169,7 +169,7 @@ class BatchedExecutor(Executor):
 
     def _train_batched(self, tasks: list[Train]) -> list[Reply]:
         rt, cfg = self.runtime, self.runtime.training
-        data = [rt.data.clients[t.client] for t in tasks]
+        data = [rt.client_data(t.client) for t in tasks]
         starts = torch.stack([rt.receive(t.params) for t in tasks])
         schedules = [batch_schedule(d.num_train, cfg, rt.task_seed(t, t.salt), t.epochs)
                      for t, d in zip(tasks, data, strict=True)]

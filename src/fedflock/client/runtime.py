@@ -1,6 +1,9 @@
 """The client side of a federation: local data, the model template, the objective, the mask and
 the differential-privacy mechanism.
 
+It serves the clients whose data it holds: every client of a federation on the embedded engine,
+one partition on a deployed node (`NodeData`).
+
 Every engine drives clients through this object (the embedded executors and a Flower ClientApp
 alike): a task reads the client's data and the model from it, `receive` unmasks what the server
 sent and `send` masks what goes back; `dp` (when configured) noises updates before `send`.
@@ -19,6 +22,7 @@ from fedflock.client.objectives import Objective, get_objective
 from fedflock.client.task import Reply, Task
 from fedflock.client.training import task_seed
 from fedflock.config import AttackConfig, ModelConfig, PrivacyConfig, TrainingConfig
+from fedflock.data.partition import NodeData
 from fedflock.data.poisoning import check_label_map, flip_labels, malicious_clients
 from fedflock.data.scenarios import ClientData, FederatedData
 from fedflock.models import FlatSpec, ModelHandle, build_model
@@ -26,13 +30,14 @@ from fedflock.privacy import ClientDP, PermutationMask
 
 
 class ClientRuntime:
-    def __init__(self, data: FederatedData, model: ModelConfig, training: TrainingConfig,
+    def __init__(self, data: FederatedData | NodeData, model: ModelConfig, training: TrainingConfig,
                  seed: int, privacy: PrivacyConfig | None = None,
                  attack: AttackConfig | None = None) -> None:
         self.dtype = torch.float64 if training.dtype == "float64" else torch.float32
         self.data = data
+        self.clients = data.held()
         self.data_spec = data.spec
-        self.objective: Objective = get_objective(data.objective)
+        self.objective: Objective = get_objective(self.data_spec.objective)
         self.model_cfg = model
         self.training = training
         self.seed = seed
@@ -46,28 +51,27 @@ class ClientRuntime:
         privacy = privacy or PrivacyConfig()
         self.mask = PermutationMask(self.spec, privacy.mask_seed) if privacy.masking else None
         self.dp = None if privacy.dp is None else ClientDP(
-            privacy.dp, training, self.model, self.spec, [c.num_train for c in data.clients],
-            model.name)
-        for c in data.clients:  # integer inputs (token ids) stay integer
+            privacy.dp, training, self.model, self.spec, list(data.sizes), model.name)
+        for c in self.clients.values():  # integer inputs (token ids) stay integer
             if c.x_train.is_floating_point():
                 c.x_train, c.x_test = c.x_train.to(self.dtype), c.x_test.to(self.dtype)
         self.attack = attack
-        self.malicious = malicious_clients(attack, len(data.clients), seed)
+        self.malicious = malicious_clients(attack, data.num_clients, seed)
         if attack is not None and attack.poisons_data:
-            check_label_map(attack, data.num_classes)
-            for c in self.malicious:
-                client = data.clients[c]
+            check_label_map(attack, self.data_spec.num_classes)
+            for c in (c for c in self.malicious if c in self.clients):
+                client = self.clients[c]
                 client.y_train = flip_labels(client.y_train, attack.label_map)
 
     @property
     def num_clients(self) -> int:
-        return len(self.data.clients)
+        return self.data.num_clients
 
     def num_examples(self, client: int) -> int:
-        return self.data.clients[client].num_train
+        return self.clients[client].num_train
 
     def client_data(self, client: int) -> ClientData:
-        return self.data.clients[client]
+        return self.clients[client]
 
     # -- models ----------------------------------------------------------------------------
     def model_handle(self) -> ModelHandle:

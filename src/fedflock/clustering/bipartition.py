@@ -13,9 +13,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from scipy.cluster.hierarchy import linkage as scipy_linkage
-from scipy.cluster.hierarchy import to_tree
-from scipy.spatial.distance import squareform
 
 Linkage = Literal["single", "complete"]
 
@@ -26,6 +23,12 @@ def bipartition(similarity: np.ndarray, linkage: Linkage = "single") -> tuple[li
     m = len(sim)
     if m < 2:
         raise ValueError("a bipartition needs at least two items")
+    # SciPy is imported here, not at module level: a ClientApp process imports the algorithms
+    # (for config validation) and must not pay for what only a server runs.
+    from scipy.cluster.hierarchy import linkage as scipy_linkage
+    from scipy.cluster.hierarchy import to_tree
+    from scipy.spatial.distance import squareform
+
     distance = 1.0 - (sim + sim.T) / 2.0
     np.fill_diagonal(distance, 0.0)
     tree = to_tree(scipy_linkage(squareform(np.clip(distance, 0.0, None), checks=False), linkage))

@@ -18,14 +18,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 
 def threshold_components(distance: np.ndarray, threshold: float) -> list[list[int]]:
     """Connected components of {(i, j): distance[i, j] < threshold}, each sorted, ordered by
     their smallest member. `distance` may be non-symmetric: a pair is joined when either
     direction is below the threshold (the authors' rule)."""
+    from scipy.sparse import csr_matrix  # server-only: kept out of the ClientApp's import
+    from scipy.sparse.csgraph import connected_components
+
     close = np.asarray(distance) < threshold
     np.fill_diagonal(close, True)
     count, labels = connected_components(csr_matrix(close), directed=True, connection="weak")
@@ -43,6 +44,9 @@ def neighbour_components(distance: np.ndarray, k: int) -> list[list[int]]:
     """Connected components of the union k-nearest-neighbour graph, ordered as
     `threshold_components`. A non-symmetric distance ranks by the closer direction (the merge
     rule's either-direction reading); ties go to the lower index."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
     d = np.asarray(distance, dtype=float)
     d = np.minimum(d, d.T)
     n = len(d)

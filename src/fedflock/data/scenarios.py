@@ -96,6 +96,22 @@ class FederatedData:
     def spec(self) -> DataSpec:
         return DataSpec(self.input_shape, self.num_classes, self.objective, self.vocab_size)
 
+    # What a client runtime asks of the data it serves (the whole federation here, one
+    # partition on a deployed node: `fedflock.data.partition.NodeData`).
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(c.num_train for c in self.clients)
+
+    def held(self) -> dict[int, ClientData]:
+        return dict(enumerate(self.clients))
+
+    def group_of(self, client: int) -> int | None:
+        return int(self.groups[client])
+
 
 class _Stream:
     """Hands out `items` in random order without replacement; once all are used they are

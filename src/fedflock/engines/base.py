@@ -36,6 +36,8 @@ log = logging.getLogger("fedflock.engine")
 
 class Engine(ABC):
     name: str
+    # Each message costs a process start (Flower): evaluate in the training message by default.
+    pays_per_message: bool = False
 
     def __init__(self) -> None:
         self.missing: dict[int, list[int]] = {}  # client -> rounds it did not reply
@@ -160,11 +162,21 @@ class Engine(ABC):
                                 f"{self.norm_bound:g} x the median {median:.4g} of its cluster")
         return [r for r in replies if r.client not in refused]
 
+    def run_paired(self, rnd: int, probes: list[Task], tasks: list[Task]
+                   ) -> tuple[list[Reply], list[Reply]]:
+        """Replies to `probes` and to `tasks`, where probe i and task i go to the same client
+        (an evaluation of the model a client receives, and its training). An engine that pays
+        per message (Flower) sends each pair as one message; here they simply run."""
+        return self.run_tasks(rnd, probes), self.run_tasks(rnd, tasks)
+
     def exchange(self, rnd: int, tasks: list[Task]) -> list[Reply]:
         """Send tasks, collect the replies (malicious ones poisoned on their way: the server
         checks what arrives), keep those their task accepts, count floats each way (every
         tensor of every task and accepted reply) and the clients that did not answer."""
-        replies = self.run_tasks(rnd, tasks)
+        return self.settle(rnd, tasks, self.run_tasks(rnd, tasks))
+
+    def settle(self, rnd: int, tasks: list[Task], replies: list[Reply]) -> list[Reply]:
+        """`exchange` once the replies are in."""
         if self.adversary is not None:
             replies = self.adversary(rnd, replies)
         replies = self.accept(rnd, tasks, replies)
@@ -176,13 +188,25 @@ class Engine(ABC):
                 self.missing.setdefault(task.client, []).append(rnd)
         return replies
 
-    def train_round(self, algorithm: Algorithm, rnd: int, clients: list[int]
-                    ) -> tuple[dict[str, Any], dict[str, float]]:
-        """One round of training; returns (algorithm diagnostics, seconds per phase)."""
+    def train_round(self, algorithm: Algorithm, rnd: int, clients: list[int],
+                    evaluate: bool = False
+                    ) -> tuple[dict[str, Any], dict[str, float], dict[int, dict[str, float]]]:
+        """One round of training; returns (algorithm diagnostics, seconds per phase, the
+        evaluation). With `evaluate`, every client given a task first scores the model the
+        server holds for it as the round begins (`model_of`: the model it receives) on its
+        held-out data, in the same message as its task; otherwise the evaluation is empty."""
         t0 = time.perf_counter()
         tasks = algorithm.configure_train(rnd, clients)
         t1 = time.perf_counter()
-        replies = self.exchange(rnd, tasks)
+        evaluation: dict[int, dict[str, float]] = {}
+        if evaluate:
+            probes: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
+                                  for t in tasks]
+            scored, replies = self.run_paired(rnd, probes, tasks)
+            evaluation = self.scores(rnd, probes, scored)
+            replies = self.settle(rnd, tasks, replies)
+        else:
+            replies = self.exchange(rnd, tasks)
         t2 = time.perf_counter()
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()
@@ -191,7 +215,8 @@ class Engine(ABC):
             diagnostics["train_loss"] = round(sum(losses) / len(losses), 6)
         if algorithm.kept:
             diagnostics["kept_models"], algorithm.kept = algorithm.kept, []
-        return diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2}
+        return (diagnostics, {"configure": t1 - t0, "train": t2 - t1, "aggregate": t3 - t2},
+                evaluation)
 
     def finish(self, algorithm: Algorithm, rnd: int, clients: list[int]) -> bool:
         """Run the algorithm's final tasks (fine-tuning, placing the clients it has not placed
@@ -214,5 +239,10 @@ class Engine(ABC):
         it is not counted as communication."""
         tasks: list[Task] = [Evaluate(c, rnd, algorithm.model_of(c))
                              for c in range(self.num_clients)]
-        replies = self.accept(rnd, tasks, self.run_tasks(rnd, tasks))
+        return self.scores(rnd, tasks, self.run_tasks(rnd, tasks))
+
+    def scores(self, rnd: int, tasks: list[Task], replies: list[Reply]
+               ) -> dict[int, dict[str, float]]:
+        """The metrics of the evaluation replies that pass every check, by client."""
+        replies = self.accept(rnd, tasks, replies)
         return {r.client: r.metrics for r in sorted(replies, key=lambda r: r.client)}

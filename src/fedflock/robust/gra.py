@@ -27,7 +27,6 @@ import math
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
 
 from fedflock.robust.aggregators import coordinate_median
 from fedflock.similarity import gram_matrix
@@ -44,6 +43,8 @@ def distance_embedding(updates: torch.Tensor) -> np.ndarray:
 def kmeans_groups(points: np.ndarray, k: int, seed: int, restarts: int = 5) -> torch.Tensor:
     """Group labels (n,) 0..K'-1 of the best of `restarts` seeded k-means runs; K' is at most
     k and at most the number of distinct points."""
+    from sklearn.cluster import KMeans  # server-only: kept out of the ClientApp's import
+
     distinct = len(np.unique(points.round(12), axis=0))
     fit = KMeans(n_clusters=max(1, min(k, distinct)), n_init=restarts,
                  random_state=seed % 2**32).fit(points)

@@ -1,33 +1,50 @@
 """The fedflock ClientApp: Flower messages in, fedflock client tasks, Flower messages out.
 
-Each node is one fedflock client, `partition-id` in its node config. Its data come from the
-experiment's scenario (built deterministically from the config and seed, so every node derives
-the same split and keeps its own partition). `mask-seed` in the node config turns on permutation
+Each node is one fedflock client, `partition-id` in its node config. Its data are its own files
+(`data-path`: an `.npz`, see `load_node_files`; the hidden group is then unknown and no ARI is
+reported) or, without `data-path`, its partition of the experiment's scenario, drawn once and
+kept in a node-local cache (`cache-dir`, default `$FEDFLOCK_CACHE/partitions`): a message loads
+one small file, never everyone's data. `mask-seed` in the node config turns on permutation
 masking with a seed that only the clients know (the ServerApp never reads node configs).
 `fault` in the node config (`nan`, `shape`) makes the node send a corrupted update, to test
 that the server refuses it.
+
+Flower starts one process per message, so what this module imports is paid by every message:
+it imports no server-side library (the algorithms import SciPy, scikit-learn and NetworkX only
+where they are used).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.config import dump_config
-from fedflock.data.scenarios import build_federated_data
+from fedflock.client.task import Reply
+from fedflock.config import ExperimentConfig, dump_config
+from fedflock.data.partition import NodeData, load_node_files, scenario_partition
 from fedflock.engines.flower.codec import (
     PREFIX,
     reply_content,
-    task_from_message,
+    tasks_from_message,
     tensors_record,
 )
 from fedflock.engines.flower.settings import experiment_config
 
-_runtimes: dict[str, ClientRuntime] = {}
+# One process may serve several partitions (Flower's simulation runtime reuses its workers).
+_runtimes: dict[tuple[str, int, str], ClientRuntime] = {}
+
+
+def _node_data(context: Context, config: ExperimentConfig, partition: int) -> NodeData:
+    node = context.node_config
+    if "data-path" in node:
+        return load_node_files(Path(str(node["data-path"])), partition, config.data.clients)
+    cache = Path(str(node["cache-dir"])) if "cache-dir" in node else None
+    return scenario_partition(config.data, config.seed, partition, cache)
 
 
 def _runtime(context: Context) -> tuple[ClientRuntime, int]:
@@ -36,24 +53,32 @@ def _runtime(context: Context) -> tuple[ClientRuntime, int]:
         privacy = config.privacy.model_copy(update={
             "masking": True, "mask_seed": int(context.node_config["mask-seed"])})
         config = config.model_copy(update={"privacy": privacy})
-    key = dump_config(config)
+    partition = int(context.node_config["partition-id"])
+    key = (dump_config(config), partition, str(context.node_config.get("data-path", "")))
     if key not in _runtimes:
-        data = build_federated_data(config.data, config.seed)
-        _runtimes[key] = ClientRuntime(data, config.model, config.training, config.seed,
-                                       config.privacy, config.attack)
-    return _runtimes[key], int(context.node_config["partition-id"])
+        _runtimes[key] = ClientRuntime(_node_data(context, config, partition), config.model,
+                                       config.training, config.seed, config.privacy,
+                                       config.attack)
+    return _runtimes[key], partition
 
 
 def handle_task(message: Message, context: Context) -> Message:
-    """The one handler of every task kind (`train.<kind>`): decode, run, encode."""
+    """The one handler of every task kind (`train.<kind>[__<kind>...]`): decode the tasks,
+    run them in order, encode the replies."""
     runtime, client = _runtime(context)
-    reply = runtime.run([task_from_message(message, client)])[0]
+    replies = runtime.run(tasks_from_message(message, client))
     fault = str(context.node_config.get("fault", ""))
-    if fault and "update" in reply.tensors:
-        update = reply.update
-        reply = reply.with_tensors(update=torch.full_like(update, float("nan"))
-                                   if fault == "nan" else update[:-1])
-    return Message(reply_content(reply), reply_to=message)
+    if fault:
+        replies = [_corrupt(reply, fault) for reply in replies]
+    return Message(reply_content(replies), reply_to=message)
+
+
+def _corrupt(reply: Reply, fault: str) -> Reply:
+    if "update" not in reply.tensors:
+        return reply
+    update = reply.update
+    return reply.with_tensors(update=torch.full_like(update, float("nan"))
+                              if fault == "nan" else update[:-1])
 
 
 class TaskClientApp(ClientApp):
@@ -76,10 +101,12 @@ def query(message: Message, context: Context) -> Message:
     is on) when the server asks for them (`initial-models`: how many)."""
     runtime, client = _runtime(context)
     info = {"client": client, "num-examples": runtime.num_examples(client),
-            "group": int(runtime.data.groups[client]),
             "update-size": runtime.spec.num_trainable,
             "data": json.dumps(runtime.data_spec.to_dict()),
             "masked": runtime.mask is not None}
+    group = runtime.data.group_of(client)
+    if group is not None:  # unknown on a device serving its own files
+        info["group"] = group
     content = RecordDict({"info": ConfigRecord(info)})
     count = int(message.content.config_records["ask"]["initial-models"])
     content["models"] = (tensors_record({"models": runtime.initial_models(count)}) if count

@@ -1,9 +1,13 @@
-"""Any fedflock task and reply as a Flower message, generically.
+"""Any fedflock tasks and replies as a Flower message, generically.
 
-A task travels as message type `train.<kind>` with its tensors in the ArrayRecord `tensors`, its
-options in the ConfigRecord `options` and its address (client, round) in the ConfigRecord `task`.
-A reply: tensors in `tensors`, metrics in the MetricRecord `metrics`, client and example count in
-the ConfigRecord `reply`. The codec knows no task kind; the task registry rebuilds the task.
+A message carries one or more tasks for one client (e.g. an evaluation of the model it receives,
+then its training: one message per client and round). Its type is `train.<kind>[__<kind>...]`.
+Task i has its options in the ConfigRecord `i.options`, its address (client, round, kind) in
+`i.task`, and in `i.tensors` the names of its tensors in the one ArrayRecord `tensors` the tasks
+share: a tensor several tasks carry (the model evaluated and the model trained) travels once.
+The reply to task i: tensors in the ArrayRecord `i.tensors`, metrics in the MetricRecord
+`i.metrics`, client and example count in the ConfigRecord `i.reply`. The codec knows no task
+kind; the task registry rebuilds each task.
 
 A reply comes from a node the server does not trust, so it is decoded defensively: every array's
 `.npy` header is read and checked against the bytes that actually arrived before anything is
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,18 +30,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedflock.client.task import TASKS, InvalidReply, Reply, Task
 
 PREFIX = "train."
+JOIN = "__"  # between the kinds of the tasks one message carries (an identifier, as Flower wants)
 NUMPY = "numpy.ndarray"
 
 
-def message_type(task: Task) -> str:
-    return PREFIX + task.kind
+def message_type(tasks: Sequence[Task]) -> str:
+    return PREFIX + JOIN.join(t.kind for t in tasks)
 
 
-def kind_of(message: Message) -> str:
+def kinds_of(message: Message) -> list[str]:
     kind = message.metadata.message_type
     if not kind.startswith(PREFIX):
         raise InvalidReply(f"message type {kind!r} is not a fedflock task")
-    return kind.removeprefix(PREFIX)
+    return kind.removeprefix(PREFIX).split(JOIN)
 
 
 def tensors_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -79,28 +84,55 @@ def record_tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {k: decode_array(k, a) for k, a in record.items()}
 
 
-def task_content(task: Task) -> RecordDict:
-    return RecordDict({"tensors": tensors_record(task.tensors()),
-                       "options": ConfigRecord(dict(task.options())),
-                       "task": ConfigRecord({"client": task.client, "round": task.round})})
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
 
 
-def task_from_message(message: Message, client: int) -> Task:
-    """The task a node received, refused unless it is addressed to this node's partition."""
+def task_content(tasks: Sequence[Task]) -> RecordDict:
+    """Tasks for one client as one message's content (each distinct tensor once)."""
+    shared: list[torch.Tensor] = []
+    content = RecordDict()
+    for i, task in enumerate(tasks):
+        names = {}
+        for name, tensor in task.tensors().items():
+            index = next((j for j, t in enumerate(shared) if _same(t, tensor)), None)
+            if index is None:
+                shared.append(tensor)
+                index = len(shared) - 1
+            names[name] = f"t{index}"
+        content[f"{i}.tensors"] = ConfigRecord(names)
+        content[f"{i}.options"] = ConfigRecord(dict(task.options()))
+        content[f"{i}.task"] = ConfigRecord({"client": task.client, "round": task.round,
+                                             "kind": task.kind})
+    content["tensors"] = tensors_record({f"t{j}": t for j, t in enumerate(shared)})
+    return content
+
+
+def tasks_from_message(message: Message, client: int) -> list[Task]:
+    """The tasks a node received, refused unless they are addressed to this node's partition."""
     content = message.content
-    address = content.config_records["task"]
-    if int(address["client"]) != client:
-        raise ValueError(f"task for client {address['client']} reached partition {client}")
-    return TASKS.get(kind_of(message)).from_parts(
-        client, int(address["round"]), record_tensors(content.array_records["tensors"]),
-        dict(content.config_records["options"]))
+    shared = record_tensors(content.array_records["tensors"])
+    tasks = []
+    for i, kind in enumerate(kinds_of(message)):
+        address = content.config_records[f"{i}.task"]
+        if int(address["client"]) != client or address["kind"] != kind:
+            raise ValueError(f"a {address['kind']} task for client {address['client']} reached "
+                             f"partition {client} in a {kind} message")
+        tensors = {name: shared[str(key)]
+                   for name, key in content.config_records[f"{i}.tensors"].items()}
+        tasks.append(TASKS.get(kind).from_parts(client, int(address["round"]), tensors,
+                                                dict(content.config_records[f"{i}.options"])))
+    return tasks
 
 
-def reply_content(reply: Reply) -> RecordDict:
-    return RecordDict({"tensors": tensors_record(reply.tensors),
-                       "metrics": MetricRecord({k: float(v) for k, v in reply.metrics.items()}),
-                       "reply": ConfigRecord({"client": reply.client,
-                                              "num-examples": reply.num_examples})})
+def reply_content(replies: Sequence[Reply]) -> RecordDict:
+    content = RecordDict()
+    for i, reply in enumerate(replies):
+        content[f"{i}.tensors"] = tensors_record(reply.tensors)
+        content[f"{i}.metrics"] = MetricRecord({k: float(v) for k, v in reply.metrics.items()})
+        content[f"{i}.reply"] = ConfigRecord({"client": reply.client,
+                                              "num-examples": reply.num_examples})
+    return content
 
 
 def integer(record: Mapping[str, object], key: str, where: str) -> int:
@@ -120,20 +152,27 @@ def _record(records: Mapping[str, Any], name: str) -> Any:
     return records[name]
 
 
-def reply_from_message(message: Message, client: int) -> Reply:
-    """The reply of `client` as sent, or InvalidReply saying why it cannot be read."""
+def replies_from_message(message: Message, client: int, count: int) -> list[Reply]:
+    """The `count` replies of `client` as sent (one per task of the message it answers), or
+    InvalidReply saying why they cannot be read."""
     if message.has_error():
         raise InvalidReply(f"client error: {message.error.reason}")
-    content = message.content
-    meta = _record(content.config_records, "reply")
+    extra = f"{count}.reply"
+    if extra in message.content.config_records:
+        raise InvalidReply(f"more replies than the {count} task(s) sent")
+    return [_reply(message.content, client, f"{i}.") for i in range(count)]
+
+
+def _reply(content: RecordDict, client: int, prefix: str) -> Reply:
+    meta = _record(content.config_records, prefix + "reply")
     claimed = integer(meta, "client", "reply")
     if claimed != client:
         raise InvalidReply(f"reply claims client {claimed}")
     examples = integer(meta, "num-examples", "reply")
     metrics = {}
-    for key, value in _record(content.metric_records, "metrics").items():
+    for key, value in _record(content.metric_records, prefix + "metrics").items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidReply(f"metric {key!r} is not a number ({type(value).__name__})")
         metrics[key] = float(value)
-    tensors = record_tensors(_record(content.array_records, "tensors"))
+    tensors = record_tensors(_record(content.array_records, prefix + "tensors"))
     return Reply(client, tensors, metrics, examples)

@@ -27,7 +27,7 @@ from fedflock.engines.flower.codec import (
     integer,
     message_type,
     record_tensors,
-    reply_from_message,
+    replies_from_message,
     task_content,
 )
 from fedflock.errors import FedflockError
@@ -38,6 +38,7 @@ log = logging.getLogger("fedflock.flower")
 
 class FlowerEngine(Engine):
     name = "flower"
+    pays_per_message = True
 
     def __init__(self, grid: Grid, config: ExperimentConfig, timeout: float = 120.0,
                  connect_timeout: float = 300.0) -> None:
@@ -180,8 +181,9 @@ class FlowerEngine(Engine):
         return self._update_size
 
     @property
-    def true_groups(self) -> np.ndarray:
-        return self._groups
+    def true_groups(self) -> np.ndarray | None:
+        """None when a node does not know its group (it serves its own files): no ARI."""
+        return None if (self._groups < 0).any() else self._groups
 
     @property
     def executor_name(self) -> str:
@@ -219,11 +221,13 @@ class FlowerEngine(Engine):
         live = [m for m in messages if m.metadata.dst_node_id in online]
         return list(self.grid.send_and_receive(live, timeout=self.timeout)) if live else []
 
-    def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
-        """Replies of the clients that answered; a client without a node is missing."""
-        messages = [Message(task_content(t), self.node_of[t.client], message_type(t))
-                    for t in tasks if t.client in self.node_of]
-        replies = []
+    def _run_bundles(self, rnd: int, bundles: list[list[Task]]) -> dict[int, list[Reply]]:
+        """One message per bundle (the tasks of one client); the replies of every client that
+        answered all of its tasks readably. A client without a node is missing."""
+        sent = {b[0].client: len(b) for b in bundles}
+        messages = [Message(task_content(b), self.node_of[b[0].client], message_type(b))
+                    for b in bundles if b[0].client in self.node_of]
+        replies: dict[int, list[Reply]] = {}
         for message in self._send(messages):
             client = self.client_of.get(message.metadata.src_node_id)
             if client is None:  # the SuperLink answering for a node it lost: counted missing
@@ -231,7 +235,22 @@ class FlowerEngine(Engine):
                             else "a reply from an unknown node")
                 continue
             try:
-                replies.append(reply_from_message(message, client))
+                if client not in sent or client in replies:
+                    raise InvalidReply("a reply to no task" if client not in sent
+                                       else "a second reply to one message")
+                replies[client] = replies_from_message(message, client, sent[client])
             except InvalidReply as err:
                 self.refuse(rnd, client, str(err))
-        return sorted(replies, key=lambda r: r.client)
+        return replies
+
+    def run_tasks(self, rnd: int, tasks: list[Task]) -> list[Reply]:
+        """Replies of the clients that answered; a client without a node is missing."""
+        replies = self._run_bundles(rnd, [[t] for t in tasks])
+        return [replies[c][0] for c in sorted(replies)]
+
+    def run_paired(self, rnd: int, probes: list[Task], tasks: list[Task]
+                   ) -> tuple[list[Reply], list[Reply]]:
+        """Each client's probe and task in one message, so a round is one round trip."""
+        replies = self._run_bundles(rnd, [[p, t] for p, t in zip(probes, tasks, strict=True)])
+        return ([replies[c][0] for c in sorted(replies)],
+                [replies[c][1] for c in sorted(replies)])

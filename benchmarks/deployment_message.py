@@ -1,0 +1,141 @@
+"""What one Flower message costs a node: each message is a fresh ClientApp process (Flower >= 1.21),
+so import, config, data and model are paid again by every message.
+
+For each config, fresh Python processes (as a SuperNode's SuperExec starts them) time, in order:
+`import torch, flwr` (the floor no message goes below), the import of the ClientApp module, the
+config load and validation, the node's data, the client runtime (model), one training task
+(`Train`, through the real codec and handler), and the whole message end to end (import the
+module, then the handler on a real Message). The node's partition cache is warmed first; the
+first message of a node, which draws the scenario, is reported apart.
+
+    python benchmarks/deployment_message.py                # the three configs below
+    PYTHONPATH=/path/to/old/src python benchmarks/deployment_message.py   # another tree: before
+
+Runs against the `fedflock` on PYTHONPATH (or installed), so the same script measures a tree from
+before a change; a tree without the partition cache draws the whole federation per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CONFIGS = {
+    "digits, 4 clients": "configs/flower_demo.yaml",
+    "MNIST, 100 clients": "configs/mnist_partial_label_permutation.yaml",
+    "CIFAR-10, 20 clients": "configs/cifar10_label_permutation.yaml",
+}
+
+# One message in a fresh process. Prints a JSON object of seconds per phase.
+CHILD = r'''
+import json, sys, time
+t0 = time.perf_counter()
+import torch, flwr.app, flwr.clientapp
+t1 = time.perf_counter()
+import fedflock.engines.flower.clientapp as ca
+from flwr.app import Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+t2 = time.perf_counter()
+config_path, partition, cache, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+context = Context(run_id=1, node_id=7, node_config={"partition-id": partition, "cache-dir": cache},
+                  state=RecordDict(), run_config={"config": config_path})
+TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 7
+from fedflock.client.tasks import Train
+from fedflock.engines.flower import codec
+single = not hasattr(codec, "tasks_from_message")  # a tree from before bundled messages
+
+def message(params):
+    task = Train(partition, 1, params)
+    if single:
+        return Message(codec.task_content(task), 7, codec.message_type(task))
+    return Message(codec.task_content([task]), 7, codec.message_type([task]))
+
+if mode == "total":  # what a SuperNode's process does: import, then the handler
+    params = torch.load(sys.argv[5], weights_only=True)
+    t3 = time.perf_counter()
+    ca.app(message(params), context)
+    t4 = time.perf_counter()
+    print(json.dumps({"total": (t2 - t0) + (t4 - t3)}))
+    sys.exit()
+from fedflock.engines.flower.settings import experiment_config
+from fedflock.client.runtime import ClientRuntime
+cfg = experiment_config(context.run_config)
+t3 = time.perf_counter()
+if hasattr(ca, "_node_data"):
+    data = ca._node_data(context, cfg, partition)
+else:
+    from fedflock.data.scenarios import build_federated_data
+    data = build_federated_data(cfg.data, cfg.seed)
+t4 = time.perf_counter()
+runtime = ClientRuntime(data, cfg.model, cfg.training, cfg.seed, cfg.privacy, cfg.attack)
+t5 = time.perf_counter()
+params = runtime.initial_params()
+if len(sys.argv) > 5:
+    torch.save(params, sys.argv[5])
+m = message(params)
+t6 = time.perf_counter()
+runtime.run(codec.tasks_from_message(m, partition) if not single
+            else [codec.task_from_message(m, partition)])
+t7 = time.perf_counter()
+print(json.dumps({"floor": t1 - t0, "import": t2 - t1, "config": t3 - t2, "data": t4 - t3,
+                  "model": t5 - t4, "task": t7 - t6}))
+'''
+
+
+def child(args: list[str], env: dict[str, str]) -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True,
+                          env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the message process failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(config: Path, repeats: int, env: dict[str, str]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="fedflock-msg-") as tmp:
+        cache, params = str(Path(tmp) / "cache"), str(Path(tmp) / "params.pt")
+        first = child([str(config), "0", cache, "phases", params], env)  # draws, fills cache
+        runs = [child([str(config), "0", cache, "phases"], env) for _ in range(repeats)]
+        totals = [child([str(config), "0", cache, "total", params], env)["total"]
+                  for _ in range(repeats)]
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out["total"] = statistics.median(totals)
+    out["first data"] = first["data"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per figure "
+                        "(the median is shown)")
+    parser.add_argument("--only", default=None, help="one of: " + "; ".join(CONFIGS))
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    import fedflock
+
+    print(f"fedflock from {Path(fedflock.__file__).parent}; median of {args.repeats} fresh "
+          "processes, seconds")
+    cols = ["floor", "import", "config", "data", "model", "task", "total", "first data"]
+    print("| per message | " + " | ".join(cols) + " | total - floor - task |")
+    print("|---" * (len(cols) + 2) + "|")
+    results = {}
+    for name, config in CONFIGS.items():
+        if args.only and args.only != name:
+            continue
+        row = measure(Path(config).resolve(), args.repeats, env)
+        results[name] = row
+        overhead = row["total"] - row["floor"] - row["task"]
+        print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cols) +
+              f" | {overhead:.2f} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

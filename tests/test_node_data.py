@@ -1,0 +1,196 @@
+"""What a deployed node costs: it loads only its own data (a node-local cache of its scenario
+partition, or its own files), and a round is one message per sampled client (the evaluation of
+the model it receives travels with its training)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedflock.data.partition import (
+    PartitionCacheWarning,
+    load_node_files,
+    scenario_partition,
+)
+from fedflock.data.scenarios import build_federated_data
+from fedflock.engines.flower.engine import FlowerEngine
+from fedflock.errors import DataError
+from fedflock.experiment import Run, run_experiment, without_timings
+from fedflock.validation import validate
+from tests.conftest import small_config
+from tests.inprocess_grid import InProcessGrid
+
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _same_client(a, b) -> bool:
+    return all(torch.equal(getattr(a, n), getattr(b, n)) for n in ARRAYS)
+
+
+# -- the partition cache -----------------------------------------------------------------------
+
+def test_a_partition_comes_from_the_cache_equal_to_the_scenario(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    cfg = validate(small_config())
+    full = build_federated_data(cfg.data, cfg.seed)
+    first = scenario_partition(cfg.data, cfg.seed, 4, tmp_path)
+    files = sorted(tmp_path.glob("*.npz"))
+    assert len(files) == cfg.data.clients  # one draw wrote every partition
+    # Later messages read their own file only: drawing the federation again would fail here.
+    monkeypatch.setattr("fedflock.data.partition.build_federated_data",
+                        lambda *a: pytest.fail("the federation was drawn again"))
+    for partition in (4, 1):
+        node = scenario_partition(cfg.data, cfg.seed, partition, tmp_path)
+        assert _same_client(node.client, full.clients[partition])
+        assert node.group == int(full.groups[partition]) and node.spec == full.spec
+        assert node.sizes == full.sizes and node.num_clients == cfg.data.clients
+    assert _same_client(first.client, full.clients[4])
+    # another seed is another federation: its own files
+    monkeypatch.undo()
+    other = scenario_partition(cfg.data, cfg.seed + 1, 4, tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2 * cfg.data.clients
+    assert not _same_client(other.client, first.client)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a zip", "other federation"])
+def test_a_damaged_cache_file_is_rebuilt_with_a_warning(tmp_path: Path, damage: str) -> None:
+    cfg = validate(small_config())
+    good = scenario_partition(cfg.data, cfg.seed, 2, tmp_path)
+    (path,) = tmp_path.glob("*-p2.npz")
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "not a zip":
+        path.write_text("hello")
+    else:  # a readable file written for another seed, renamed over this one
+        scenario_partition(cfg.data, cfg.seed + 1, 2, tmp_path / "other")
+        (foreign,) = (tmp_path / "other").glob("*-p2.npz")
+        path.write_bytes(foreign.read_bytes())
+    with pytest.warns(PartitionCacheWarning, match="rebuilding"):
+        rebuilt = scenario_partition(cfg.data, cfg.seed, 2, tmp_path)
+    assert _same_client(rebuilt.client, good.client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuilt file is whole again
+        assert _same_client(scenario_partition(cfg.data, cfg.seed, 2, tmp_path).client,
+                            good.client)
+
+
+def test_a_partition_outside_the_federation_is_refused(tmp_path: Path) -> None:
+    cfg = validate(small_config())
+    with pytest.raises(DataError, match=r"outside 0\.\.5"):
+        scenario_partition(cfg.data, cfg.seed, 6, tmp_path)
+
+
+# -- a device's own files ----------------------------------------------------------------------
+
+def _device_file(path: Path, client, **extra: np.ndarray) -> Path:
+    np.savez(path, x=client.x_train.numpy(), y=client.y_train.numpy(),
+             x_test=client.x_test.numpy(), y_test=client.y_test.numpy(), **extra)
+    return path
+
+
+def test_a_node_serves_its_own_files(tmp_path: Path) -> None:
+    cfg = validate(small_config())
+    full = build_federated_data(cfg.data, cfg.seed)
+    path = _device_file(tmp_path / "mine.npz", full.clients[3], num_classes=np.array(10))
+    node = load_node_files(path, 3, cfg.data.clients)
+    assert _same_client(node.client, full.clients[3])
+    assert node.group is None and node.spec == full.spec and node.sizes == (40,)
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.int64)}, "missing array"),
+    ({"x": np.zeros((4, 64), np.float32), "y": np.zeros(3, np.int64),
+      "x_test": np.zeros((2, 64), np.float32), "y_test": np.zeros(2, np.int64)}, "4 inputs"),
+    ({"x": np.zeros((4, 64), np.float32), "y": np.full(4, 12),
+      "x_test": np.zeros((2, 64), np.float32), "y_test": np.zeros(2, np.int64),
+      "num_classes": np.array(10)}, r"labels must lie in 0\.\.9"),
+    ({"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.float32),
+      "x_test": np.zeros((2, 64), np.float32), "y_test": np.zeros(2, np.int64)}, "integer"),
+    ({"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.int64),
+      "x_test": np.zeros((2, 8), np.float32), "y_test": np.zeros(2, np.int64)}, "shape"),
+])
+def test_bad_node_files_get_one_line_saying_why(tmp_path: Path, arrays: dict,
+                                                message: str) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match=message) as err:
+        load_node_files(path, 0, 4)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    path.write_text("not an npz")
+    with pytest.raises(DataError, match=r"not a readable \.npz"):
+        load_node_files(path, 0, 4)
+    with pytest.raises(DataError, match="no such file"):
+        load_node_files(tmp_path / "absent.npz", 0, 4)
+
+
+# -- one message per client and round ---------------------------------------------------------
+
+def _flower_run(tmp_path: Path, raw: dict, name: str,
+                node_config: dict[int, dict[str, str]] | None = None
+                ) -> tuple[dict, InProcessGrid]:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = validate(raw)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    grid = InProcessGrid(path, {100 + c: c for c in range(cfg.data.clients)},
+                         node_config=node_config)
+    engine = FlowerEngine(grid, cfg, timeout=1.0, connect_timeout=1.0)
+    return Run(cfg, tmp_path / name, quiet=True).execute(engine=engine), grid
+
+
+def _comparable(summary: dict) -> dict:
+    return {k: v for k, v in without_timings(summary).items() if k not in ("engine", "executor")}
+
+
+@pytest.mark.parametrize("algorithm", ["cfl", "ifca"])
+def test_one_message_rounds_give_the_embedded_summary(tmp_path: Path, algorithm: str) -> None:
+    """Flower with evaluation in the training message (the default there): one message per
+    sampled client and round, the final evaluation after the last; summary.json equals the
+    embedded engine's, which evaluates every client separately."""
+    settings = {"cfl": {"algorithm": {"name": "cfl", "warmup_rounds": 1, "patience": 1}},
+                "ifca": {"algorithm": {"name": "ifca", "clusters": 2}}}[algorithm]
+    raw = small_config(rounds=4, **{"participation.fraction": 0.5}) | settings
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    summary, grid = _flower_run(tmp_path, raw, "flower")
+    assert _comparable(summary) == _comparable(embedded)
+    records = [json.loads(r) for r in (tmp_path / "flower" / "metrics.jsonl").read_text()
+               .splitlines()]
+    sent = [t for t in grid.sent if t != "query"]
+    bundles = [t for t in sent if t.startswith("train.evaluate__")]
+    # rounds 1..3: one message per sampled client; round 4 trains, then everyone is evaluated
+    # (IFCA: once more after its final selection, as on the embedded engine)
+    assert len(bundles) == sum(r["participants"] for r in records[:-1])
+    finals = 2 if algorithm == "ifca" else 1
+    assert sent.count("train.evaluate") == finals * raw["data"]["clients"]
+    assert all(r["evaluated"] == "received" for r in records[:-1])
+    assert all(len(r["evaluated_clients"]) == r["participants"] for r in records[:-1])
+    assert "evaluated" not in records[-1] and len(records[-1]["accuracy"]) == 6
+
+
+def test_separate_evaluation_stays_available_and_agrees(tmp_path: Path) -> None:
+    raw = small_config(rounds=3, eval_mode="separate")
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    summary, grid = _flower_run(tmp_path, raw, "flower")
+    assert _comparable(summary) == _comparable(embedded)
+    assert not any("__" in t for t in grid.sent)
+    assert grid.sent.count("train.evaluate") == 3 * raw["data"]["clients"]
+
+
+def test_nodes_serving_their_own_files_run_without_a_hidden_group(tmp_path: Path) -> None:
+    raw = small_config(rounds=2)
+    cfg = validate(raw)
+    full = build_federated_data(cfg.data, cfg.seed)
+    files = {100 + c: {"data-path": str(_device_file(tmp_path / f"node{c}.npz", client,
+                                                      num_classes=np.array(10)))}
+             for c, client in enumerate(full.clients)}
+    summary, _ = _flower_run(tmp_path, raw, "files", files)
+    assert summary["ari"] is None and summary["true_groups"] is None
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    assert summary["accuracy"] == embedded["accuracy"]  # the same data, from the files
