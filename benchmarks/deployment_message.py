@@ -10,6 +10,11 @@ first message of a node, which draws the scenario, is reported apart.
 
     python benchmarks/deployment_message.py                # the three configs below
     PYTHONPATH=/path/to/old/src python benchmarks/deployment_message.py   # another tree: before
+    python benchmarks/deployment_message.py --deployment "CIFAR-10, 20 clients" --rounds 3
+
+`--deployment` runs the config on a real loopback deployment instead (a SuperLink and one
+SuperNode per client, `LocalDeployment`) and prints the seconds of each round from the run's
+metrics (round 1 includes each node's first message, which fills its cache).
 
 Runs against the `fedflock` on PYTHONPATH (or installed), so the same script measures a tree from
 before a change; a tree without the partition cache draws the whole federation per message.
@@ -109,14 +114,52 @@ def measure(config: Path, repeats: int, env: dict[str, str]) -> dict[str, float]
     return out
 
 
+def deployment_rounds(name: str, rounds: int, env: dict[str, str]) -> None:
+    import time
+
+    import yaml
+
+    from fedflock.engines.flower.local import LocalDeployment
+
+    config = Path(CONFIGS[name]).resolve()
+    with tempfile.TemporaryDirectory(prefix="fedflock-dep-") as tmp:
+        clients = int(yaml.safe_load(config.read_text())["data"]["clients"])
+        out = Path(tmp) / "run"
+        overrides = f'set="rounds={rounds};checkpoint_every={rounds}"'
+        cache = {i: f'cache-dir="{tmp}/cache"' for i in range(clients)}  # cold, as a new node
+        start = time.perf_counter()
+        with LocalDeployment(clients, Path(tmp) / "deployment", node_config=cache) as deployment:
+            submitted = deployment.submit(config, out, f"round-timeout=600.0 {overrides}")
+            if submitted.returncode != 0:
+                raise SystemExit(submitted.stdout + submitted.stderr)
+            while not (out / "summary.json").is_file():
+                if (out / "error.txt").is_file():
+                    raise SystemExit((out / "error.txt").read_text())
+                time.sleep(1.0)
+        wall = time.perf_counter() - start
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((out / "summary.json").read_text())
+    seconds = [sum(r["timing"].values()) for r in records]
+    print(f"{name} on {clients} SuperNodes, {rounds} rounds: " +
+          ", ".join(f"round {i + 1} {s:.1f} s" for i, s in enumerate(seconds)) +
+          f"; whole run (start-up, handshake, final evaluation) {wall:.1f} s; accuracy "
+          f"{summary['accuracy']['mean']:.4f}, ARI {summary.get('ari')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per figure "
                         "(the median is shown)")
     parser.add_argument("--only", default=None, help="one of: " + "; ".join(CONFIGS))
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--deployment", default=None, help="time rounds of this config on a "
+                        "loopback deployment instead")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    if args.deployment:
+        deployment_rounds(args.deployment, args.rounds, env)
+        return
     import fedflock
 
     print(f"fedflock from {Path(fedflock.__file__).parent}; median of {args.repeats} fresh "

@@ -7,6 +7,7 @@ it started and their descendants, and the tests check that none is left).
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from fedflock.engines.flower.credentials import write_credentials, write_node_key
 from fedflock.engines.flower.local import LocalDeployment
 from fedflock.engines.flower.processes import processes_carrying
 from fedflock.experiment import run_experiment
@@ -44,21 +46,41 @@ def _wait_for(path: Path, deployment: LocalDeployment, timeout: float = 240.0) -
     raise AssertionError(f"no {path.name} after {timeout} s; logs:\n{logs}")
 
 
-def test_masked_cfl_on_a_real_deployment_matches_the_embedded_engine(tmp_path: Path) -> None:
-    """Permutation masking on, its seed only in the SuperNodes' node config: the server clusters
-    masked updates and must still find exactly the embedded engine's (unmasked) clusters."""
+def test_masked_cfl_over_tls_with_node_authentication_matches_the_embedded_engine(
+        tmp_path: Path) -> None:
+    """TLS under a CA made here, and a SuperLink that admits only registered SuperNodes: the
+    registered nodes run the experiment, a node with an unregistered key is refused and the run
+    completes without it. Permutation masking on, its seed only in the SuperNodes' node config:
+    the server clusters masked updates and must still find exactly the embedded engine's
+    (unmasked) clusters."""
     raw = apply_dotted(yaml.safe_load(DEMO.read_text()), FAST)
     embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
                               quiet=True)
     assert embedded["splits"], "the demo config should split in the embedded engine"
     out = tmp_path / "flower-run"
     nodes = raw["data"]["clients"]
+    credentials = write_credentials(tmp_path / "credentials", nodes)
+    stranger = tmp_path / "stranger.key"
+    write_node_key(stranger)  # a key pair nobody registered
     secret = dict.fromkeys(range(nodes), "mask-seed=4242")
-    with LocalDeployment(nodes, tmp_path / "deployment", node_config=secret) as deployment:
+    with LocalDeployment(nodes, tmp_path / "deployment", node_config=secret,
+                         credentials=credentials, authenticate=True) as deployment:
+        intruder = deployment.start_node(0, key=stranger, name="intruder")
         submitted = deployment.submit(DEMO, out, f"round-timeout=60.0 {_overrides(FAST)}")
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         summary = _wait_for(out / "summary.json", deployment)
+        refused = intruder.poll()
+        intruder_log = (deployment.workdir / "intruder.log").read_text()
+        registered_logs = [(deployment.workdir / f"supernode{i}.log").read_text()
+                           for i in range(nodes)]
     assert processes_carrying(deployment.owned.token) == []
+    with socket.socket() as probe:  # nothing is left listening
+        assert probe.connect_ex(("127.0.0.1", deployment.port)) != 0
+    assert refused is not None and refused != 0, intruder_log[-2000:]
+    # refused by the SuperLink when it asked to join (Flower's exit code 305), unlike the others
+    assert "Failed to activate SuperNode" in intruder_log, intruder_log[-2000:]
+    assert not any("Failed to activate" in log for log in registered_logs)
+    assert "rejected_replies" not in summary  # the intruder never got as far as a reply
     assert summary["engine"] == "flower"
     assert summary["clusters"] == embedded["clusters"]
     assert summary["ari"] == embedded["ari"] == 1.0

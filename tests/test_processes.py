@@ -79,6 +79,32 @@ def test_a_run_killed_by_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     assert processes_carrying(token) == []
 
 
+def test_a_second_sigterm_during_the_cleanup_does_not_cut_it_short(tmp_path: Path) -> None:
+    """`timeout` (or a user pressing twice) passes on a second SIGTERM while the run is still
+    ending its processes; one of them ignores SIGTERM, so the run is inside its grace period
+    then. Everything must still be ended."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from fedflock.engines.flower.processes import OwnedProcesses
+        with OwnedProcesses(grace=3) as owned:
+            stubborn = owned.start(["sh", "-c", "trap '' TERM; sleep 300"])
+            time.sleep(0.5)
+            print(owned.token, stubborn.pid, flush=True)
+            time.sleep(300)
+    """))
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    token, pid = run.stdout.readline().split()
+    run.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # inside the grace period: the stubborn process is still alive
+    assert alive(int(pid))
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _wait_gone([int(pid)]) == []
+    assert processes_carrying(token) == []
+
+
 def test_the_flower_app_ships_inside_the_wheel(tmp_path: Path) -> None:
     """Build the wheel, install it (no dependencies) into a folder of its own and ask that
     copy where its Flower App is: inside the installed package, with its pyproject.toml."""

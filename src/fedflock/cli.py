@@ -136,6 +136,29 @@ def flower_app() -> None:
     typer.echo(str(APP))
 
 
+deploy = typer.Typer(no_args_is_help=True, help="Prepare a Flower deployment.")
+app.add_typer(deploy, name="deploy")
+
+
+@deploy.command("init")
+def deploy_init(
+        out: Annotated[Path, typer.Option("--out", help="folder for certificates and keys")],
+        nodes: Annotated[int, typer.Option("--nodes", min=1, help="SuperNodes (one per client)")],
+        host: Annotated[list[str] | None, typer.Option(
+            "--host", help="address the SuperNodes dial besides 127.0.0.1 (repeatable)")] = None,
+        port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 9091) -> None:
+    """Write a CA, a SuperLink certificate and one key pair per SuperNode, and print the exact
+    commands for a TLS deployment that admits only registered SuperNodes."""
+    from fedflock.engines.flower.credentials import deployment_commands, write_credentials
+
+    if out.exists() and not out.is_dir():
+        raise FedflockError(f"--out {out}: exists and is not a folder")
+    credentials = write_credentials(out, nodes, host or [])
+    typer.echo(f"wrote ca.crt, server.pem, server.key and node0..{nodes - 1}.key/.pub to "
+               f"{credentials.folder} (keys readable by you only)\n")
+    typer.echo(deployment_commands(credentials, (host or ["127.0.0.1"])[0], port))
+
+
 @app.command("list")
 def list_components(
         params: Annotated[str | None, typer.Option(

@@ -30,21 +30,25 @@ def fsync_dir(folder: Path) -> None:
 
 
 @contextmanager
-def atomic_open(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """`with atomic_open(p, "wb") as fh: ...`: `p` appears complete or not at all."""
+def atomic_open(path: Path, mode: str = "w", durable: bool = True) -> Iterator[IO[Any]]:
+    """`with atomic_open(p, "wb") as fh: ...`: `p` appears complete or not at all. Without
+    `durable` nothing is synced to the disk (a cache that is rebuilt when damaged: the rename
+    alone keeps readers from a torn file, and syncing costs seconds on slow disks)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # concurrent writers never collide
     try:
         with open(tmp, mode) as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -69,9 +69,16 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def _worker_run(tasks: list[Task]) -> list[Reply]:
+def _worker_run(tasks: list[Task], states: dict[int, dict[str, torch.Tensor]]
+                ) -> tuple[list[Reply], dict[int, dict[str, torch.Tensor]]]:
+    """Run tasks with their clients' states as the server process holds them; return the
+    replies and the states as the tasks left them."""
     assert _worker_runtime is not None
-    return _worker_runtime.run(tasks)
+    clients = {t.client for t in tasks}
+    for client in clients:
+        _worker_runtime.states[client] = states.get(client, {})
+    replies = _worker_runtime.run(tasks)
+    return replies, {c: _worker_runtime.states.pop(c, {}) for c in clients}
 
 
 def available_cores() -> int:
@@ -114,9 +121,13 @@ class ProcessExecutor(Executor):
         if not tasks:
             return []
         chunks = self._chunks(tasks)
-        results = self._pool.map(_worker_run, [[tasks[i] for i in c] for c in chunks])
+        states = self.runtime.states
+        work = [([tasks[i] for i in c], {tasks[i].client: states[tasks[i].client] for i in c
+                                         if tasks[i].client in states}) for c in chunks]
+        results = self._pool.starmap(_worker_run, work)
         replies: list[Reply | None] = [None] * len(tasks)
-        for positions, chunk_replies in zip(chunks, results, strict=True):
+        for positions, (chunk_replies, chunk_states) in zip(chunks, results, strict=True):
+            states.update({c: s for c, s in chunk_states.items() if s or c in states})
             for i, reply in zip(positions, chunk_replies, strict=True):
                 replies[i] = reply
         return replies  # type: ignore[return-value]

@@ -4,6 +4,12 @@ the differential-privacy mechanism.
 It serves the clients whose data it holds: every client of a federation on the embedded engine,
 one partition on a deployed node (`NodeData`).
 
+What a client keeps between rounds (a personal model, optimiser moments, an accountant's
+history) is `state(client)`: named tensors a task reads and updates in place. The runtime holds
+it on the embedded engine (the processes executor ships a client's state to the worker with its
+task and back with its reply); on Flower the ClientApp loads it from the node's `Context.state`
+before a message's tasks and stores it there after, so a task sees the same state on both.
+
 Every engine drives clients through this object (the embedded executors and a Flower ClientApp
 alike): a task reads the client's data and the model from it, `receive` unmasks what the server
 sent and `send` masks what goes back; `dp` (when configured) noises updates before `send`.
@@ -55,6 +61,7 @@ class ClientRuntime:
         for c in self.clients.values():  # integer inputs (token ids) stay integer
             if c.x_train.is_floating_point():
                 c.x_train, c.x_test = c.x_train.to(self.dtype), c.x_test.to(self.dtype)
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
         self.attack = attack
         self.malicious = malicious_clients(attack, data.num_clients, seed)
         if attack is not None and attack.poisons_data:
@@ -72,6 +79,10 @@ class ClientRuntime:
 
     def client_data(self, client: int) -> ClientData:
         return self.clients[client]
+
+    def state(self, client: int) -> dict[str, torch.Tensor]:
+        """What `client` keeps between rounds (empty at first); update it in place."""
+        return self.states.setdefault(client, {})
 
     # -- models ----------------------------------------------------------------------------
     def model_handle(self) -> ModelHandle:

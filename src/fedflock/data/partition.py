@@ -91,7 +91,7 @@ def _write(path: Path, node: NodeData, key: str) -> None:
             "num_clients": node.num_clients, "group": node.group, "sizes": list(node.sizes),
             "spec": node.spec.to_dict()}
     arrays = {name: getattr(node.client, name).numpy() for name in ARRAYS}
-    with atomic_open(path, "wb") as fh:
+    with atomic_open(path, "wb", durable=False) as fh:
         np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
 
 

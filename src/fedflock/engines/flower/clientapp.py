@@ -29,12 +29,14 @@ from fedflock.config import ExperimentConfig, dump_config
 from fedflock.data.partition import NodeData, load_node_files, scenario_partition
 from fedflock.engines.flower.codec import (
     PREFIX,
+    record_tensors,
     reply_content,
     tasks_from_message,
     tensors_record,
 )
 from fedflock.engines.flower.settings import experiment_config
 
+STATE = "fedflock.client-state"  # the ArrayRecord of the node's Context.state holding it
 # One process may serve several partitions (Flower's simulation runtime reuses its workers).
 _runtimes: dict[tuple[str, int, str], ClientRuntime] = {}
 
@@ -66,7 +68,13 @@ def handle_task(message: Message, context: Context) -> Message:
     """The one handler of every task kind (`train.<kind>[__<kind>...]`): decode the tasks,
     run them in order, encode the replies."""
     runtime, client = _runtime(context)
-    replies = runtime.run(tasks_from_message(message, client))
+    tasks = tasks_from_message(message, client)
+    kept = context.state.array_records.get(STATE)  # what this client kept between rounds
+    runtime.states[client] = record_tensors(kept) if kept is not None else {}
+    replies = runtime.run(tasks)
+    state = runtime.states.pop(client, {})
+    if state:
+        context.state[STATE] = tensors_record(state)
     fault = str(context.node_config.get("fault", ""))
     if fault:
         replies = [_corrupt(reply, fault) for reply in replies]

@@ -4,6 +4,10 @@ For integration tests, benchmarks and trying the deployment on one machine. Ever
 started through `OwnedProcesses`: the SuperLink, the SuperNodes and everything they start
 (SuperExec, ClientApp processes) are ended on exit, also when the body raises or the process is
 sent SIGTERM, and nothing else is touched.
+
+With `credentials` (`fedflock deploy init`) every connection uses TLS under their CA; with
+`authenticate` as well, the SuperLink admits only SuperNodes whose public key was registered
+(`flwr supernode register`, done here for node keys 0..N-1 before the nodes start).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from fedflock.engines.flower.credentials import Credentials
 from fedflock.engines.flower.processes import OwnedProcesses
 
 APP = Path(__file__).resolve().parent / "app"  # package data: works from any install
@@ -42,7 +47,12 @@ class LocalDeployment:
     """`with LocalDeployment(4, workdir) as d: d.run(config_path, out)`."""
 
     def __init__(self, nodes: int, workdir: Path, node_config: dict[int, str] | None = None,
-                 app: Path = APP) -> None:
+                 app: Path = APP, credentials: Credentials | None = None,
+                 authenticate: bool = False) -> None:
+        if authenticate and credentials is None:
+            raise ValueError("node authentication needs TLS credentials (fedflock deploy init)")
+        self.credentials = credentials
+        self.authenticate = authenticate
         self.nodes = nodes
         self.workdir = Path(workdir)
         self.node_config = node_config or {}
@@ -50,7 +60,11 @@ class LocalDeployment:
         self.port = free_port()
         self.supernodes: dict[int, subprocess.Popen] = {}
         self.superlink: subprocess.Popen | None = None
-        self.owned = OwnedProcesses(flower_env(self.workdir / "flwr-home"))
+        env = flower_env(self.workdir / "flwr-home")
+        # Every node of a loopback deployment shares this machine's cores: one thread each, or
+        # N ClientApp processes running torch at once thrash the cores (unless the user chose).
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.owned = OwnedProcesses(env)
         self.env = self.owned.env
         self.flwr = shutil.which("flwr", path=self.env["PATH"]) or "flwr"
 
@@ -64,14 +78,21 @@ class LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
+        trust = ("insecure = true" if self.credentials is None else
+                 f'root-certificates = "{self.credentials.ca_certificate}"')
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{self.port}"\n{trust}\n')
         try:
             self.superlink = self._start("superlink", [
-                "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                "flower-superlink", *self._link_security(),
+                "--disable-runtime-dependency-installation",
                 "--port", str(self.port), "--database", ":flwr-in-memory:"])
             self._wait_for_port(self.port)
+            if self.authenticate:
+                assert self.credentials is not None
+                for i in range(self.nodes):
+                    self.register(self.credentials.node_public_key(i))
             for i in range(self.nodes):
                 self.start_node(i)
         except BaseException:
@@ -79,13 +100,44 @@ class LocalDeployment:
             raise
         return self
 
-    def start_node(self, partition: int) -> None:
+    def _link_security(self) -> list[str]:
+        c = self.credentials
+        if c is None:
+            return ["--insecure"]
+        return ["--ssl-ca-certfile", str(c.ca_certificate), "--ssl-certfile",
+                str(c.server_certificate), "--ssl-keyfile", str(c.server_key),
+                *(["--enable-supernode-auth"] if self.authenticate else [])]
+
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode's public key with the SuperLink (`flwr supernode register`)."""
+        done = self.owned.run([self.flwr, "supernode", "register", str(public_key), "local"],
+                              timeout=120, cwd=self.workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr supernode register {public_key} failed: "
+                               f"{done.stdout.strip()[-500:]}")
+
+    def start_node(self, partition: int, key: Path | None = None,
+                   name: str | None = None) -> subprocess.Popen:
+        """Start a SuperNode for `partition`, authenticating with `key` (default: node key
+        `partition` of the credentials when authentication is on)."""
         config = f"partition-id={partition} num-partitions={self.nodes}"
         if partition in self.node_config:
             config += " " + self.node_config[partition]
-        self.supernodes[partition] = self._start(f"supernode{partition}", [
-            "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-            "--node-config", config, "--port", str(free_port())])
+        c = self.credentials
+        security = ["--insecure"] if c is None else ["--root-certificates",
+                                                      str(c.ca_certificate)]
+        if key is None and self.authenticate and c is not None:
+            key = c.node_key(partition)
+        if key is not None:
+            security += ["--auth-supernode-private-key", str(key)]
+        name = name or f"supernode{partition}"
+        proc = self._start(name, ["flower-supernode", *security, "--superlink",
+                                  f"127.0.0.1:{self.port}", "--node-config", config,
+                                  "--port", str(free_port())])
+        if name == f"supernode{partition}":
+            self.supernodes[partition] = proc
+        return proc
 
     def _wait_for_port(self, port: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

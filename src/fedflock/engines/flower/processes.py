@@ -142,6 +142,8 @@ class OwnedProcesses:
         return self
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopped:  # already ending them: a second signal (e.g. `timeout` passing on
+            return         # its own SIGTERM) must not cut that short and leave processes behind
         raise SystemExit(128 + signum)  # unwinds the block: __exit__ ends our processes
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
