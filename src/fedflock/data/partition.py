@@ -64,9 +64,10 @@ class NodeData:
         return self.group if client == self.partition else None
 
     @classmethod
-    def of(cls, data: FederatedData, partition: int) -> NodeData:
+    def of(cls, data: FederatedData, partition: int,
+           sizes: tuple[int, ...] | None = None) -> NodeData:
         return cls(partition, data.clients[partition], data.spec, len(data.clients),
-                   int(data.groups[partition]), tuple(c.num_train for c in data.clients))
+                   int(data.groups[partition]), data.sizes if sizes is None else sizes)
 
 
 def default_cache_dir() -> Path:
@@ -82,8 +83,8 @@ def cache_key(cfg: DataConfig, seed: int) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _path(folder: Path, cfg: DataConfig, seed: int, partition: int) -> Path:
-    return folder / f"{cfg.dataset}-{cache_key(cfg, seed)}-p{partition}.npz"
+def _path(folder: Path, dataset: str, key: str, partition: int) -> Path:
+    return folder / f"{dataset}-{key}-p{partition}.npz"
 
 
 def _write(path: Path, node: NodeData, key: str) -> None:
@@ -140,7 +141,7 @@ def scenario_partition(cfg: DataConfig, seed: int, partition: int,
         raise DataError(f"partition-id {partition} is outside 0..{cfg.clients - 1}")
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = cache_key(cfg, seed)
-    path = _path(folder, cfg, seed, partition)
+    path = _path(folder, cfg.dataset, key, partition)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # no writable cache: still works, drawing the federation each time
@@ -155,9 +156,10 @@ def scenario_partition(cfg: DataConfig, seed: int, partition: int,
                 warnings.warn(f"partition cache {path}: {err}; rebuilding it",
                               PartitionCacheWarning, stacklevel=2)
         data = build_federated_data(cfg, seed)
+        sizes = data.sizes
         for index in range(len(data.clients)):
-            _write(_path(folder, cfg, seed, index), NodeData.of(data, index), key)
-    return NodeData.of(data, partition)
+            _write(_path(folder, cfg.dataset, key, index), NodeData.of(data, index, sizes), key)
+    return NodeData.of(data, partition, sizes)
 
 
 def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
