@@ -45,6 +45,10 @@ t0 = time.perf_counter()
 import torch, flwr.app, flwr.clientapp
 t1 = time.perf_counter()
 import fedflock.engines.flower.clientapp as ca
+try:  # the work, apart from the ClientApp (a tree from before the split has it in clientapp)
+    import fedflock.engines.flower.handler as work
+except ImportError:
+    work = ca
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 t2 = time.perf_counter()
@@ -73,8 +77,8 @@ from fedflock.engines.flower.settings import experiment_config
 from fedflock.client.runtime import ClientRuntime
 cfg = experiment_config(context.run_config)
 t3 = time.perf_counter()
-if hasattr(ca, "_node_data"):
-    data = ca._node_data(context, cfg, partition)
+if hasattr(work, "_node_data"):
+    data = work._node_data(context, cfg, partition)
 else:
     from fedflock.data.scenarios import build_federated_data
     data = build_federated_data(cfg.data, cfg.seed)

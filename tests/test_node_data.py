@@ -5,6 +5,10 @@ the model it receives travels with its training)."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
+import signal
 import warnings
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from fedflock.data.partition import (
 )
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.engine import FlowerEngine
+from fedflock.engines.flower.processes import TOKEN, processes_carrying
 from fedflock.errors import DataError
 from fedflock.experiment import Run, run_experiment, without_timings
 from fedflock.validation import validate
@@ -194,3 +199,26 @@ def test_nodes_serving_their_own_files_run_without_a_hidden_group(tmp_path: Path
     assert summary["ari"] is None and summary["true_groups"] is None
     embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
     assert summary["accuracy"] == embedded["accuracy"]  # the same data, from the files
+
+
+def test_node_workers_answer_for_the_clientapp_and_give_the_same_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """`worker=true`: each node's messages are answered by one long-lived worker process of
+    that node (no torch import per message); the run equals the embedded engine's, client state
+    included, and no message fell back to in-process work."""
+    token = secrets.token_hex(8)
+    monkeypatch.setenv(TOKEN, token)  # the workers inherit it: found and ended below
+    raw = small_config(rounds=3, **{"participation.fraction": 0.5})
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    workers = {100 + c: {"worker": "true"} for c in range(raw["data"]["clients"])}
+    try:
+        with caplog.at_level(logging.WARNING, logger="fedflock.worker"):
+            summary, _ = _flower_run(tmp_path, raw, "workers", workers)
+        running = processes_carrying(token)
+    finally:
+        for pid in processes_carrying(token):
+            os.kill(pid, signal.SIGKILL)
+    assert _comparable(summary) == _comparable(embedded)
+    assert len(running) == raw["data"]["clients"]  # one worker per node, started once
+    assert not [r for r in caplog.records if "answering in this process" in r.getMessage()]

@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedflock.client.tasks import Evaluate, Train
 from fedflock.data.spec import DataSpec
-from fedflock.engines.flower.clientapp import _runtime
+from fedflock.engines.flower.handler import _runtime
 from fedflock.engines.flower.settings import experiment_config
 from fedflock.models import build_model
 

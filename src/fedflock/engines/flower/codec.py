@@ -28,9 +28,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedflock.client.task import TASKS, InvalidReply, Reply, Task
+from fedflock.engines.flower.names import JOIN, PREFIX
 
-PREFIX = "train."
-JOIN = "__"  # between the kinds of the tasks one message carries (an identifier, as Flower wants)
 NUMPY = "numpy.ndarray"
 
 

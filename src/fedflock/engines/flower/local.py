@@ -122,8 +122,11 @@ class LocalDeployment:
         """Start a SuperNode for `partition`, authenticating with `key` (default: node key
         `partition` of the credentials when authentication is on)."""
         config = f"partition-id={partition} num-partitions={self.nodes}"
-        if partition in self.node_config:
-            config += " " + self.node_config[partition]
+        extra = self.node_config.get(partition, "")
+        if "worker=" not in extra:  # a long-lived worker per node: no torch import per message
+            config += " worker=true"
+        if extra:
+            config += " " + extra
         c = self.credentials
         security = ["--insecure"] if c is None else ["--root-certificates",
                                                       str(c.ca_certificate)]
