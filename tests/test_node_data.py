@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import time
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from fedflock.data.partition import (
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.engine import FlowerEngine
 from fedflock.engines.flower.processes import TOKEN, processes_carrying
+from fedflock.engines.flower.worker import workers_folder
 from fedflock.errors import DataError
 from fedflock.experiment import Run, run_experiment, without_timings
 from fedflock.validation import validate
@@ -216,9 +218,14 @@ def test_node_workers_answer_for_the_clientapp_and_give_the_same_run(
         with caplog.at_level(logging.WARNING, logger="fedflock.worker"):
             summary, _ = _flower_run(tmp_path, raw, "workers", workers)
         running = processes_carrying(token)
+        files = {p for p in workers_folder().iterdir() if p.suffix == ".sock"}
     finally:
         for pid in processes_carrying(token):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM)  # as a node's shutdown: the worker removes its files
+        deadline = time.monotonic() + 20
+        while processes_carrying(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert _comparable(summary) == _comparable(embedded)
     assert len(running) == raw["data"]["clients"]  # one worker per node, started once
+    assert not any(p.exists() for p in files)  # ended workers leave no socket behind
     assert not [r for r in caplog.records if "answering in this process" in r.getMessage()]

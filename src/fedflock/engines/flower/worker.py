@@ -52,7 +52,7 @@ START_SECONDS = 120.0  # for a worker to import torch and listen
 log = logging.getLogger("fedflock.worker")
 
 
-def _folder() -> Path:
+def workers_folder() -> Path:
     folder = Path(tempfile.gettempdir()) / f"fedflock-workers-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     info = folder.stat()
@@ -106,7 +106,7 @@ def ask(message: Message, context: Context) -> RecordDict | None:
     updated; None when the worker cannot be reached or fails (the caller then does the work,
     which also reports the failure as the in-process handler would)."""
     try:
-        folder = _folder()
+        folder = workers_folder()
         name = _name(context)
         sock, secret = folder / f"{name}.sock", folder / f"{name}.key"
         conn = _connect(sock, secret) or _start(sock, secret)
