@@ -5,6 +5,10 @@ started through `OwnedProcesses`: the SuperLink, the SuperNodes and everything t
 (SuperExec, ClientApp processes) are ended on exit, also when the body raises or the process is
 sent SIGTERM, and nothing else is touched.
 
+Every SuperNode runs with `worker=true` (a long-lived worker per node does the ClientApp's work,
+`fedflock.engines.flower.worker`) unless its node config says otherwise, and with one torch
+thread per process unless OMP_NUM_THREADS is set: all nodes share this machine's cores.
+
 With `credentials` (`fedflock deploy init`) every connection uses TLS under their CA; with
 `authenticate` as well, the SuperLink admits only SuperNodes whose public key was registered
 (`flwr supernode register`, done here for node keys 0..N-1 before the nodes start).
