@@ -229,3 +229,21 @@ def test_node_workers_answer_for_the_clientapp_and_give_the_same_run(
     assert len(running) == raw["data"]["clients"]  # one worker per node, started once
     assert not any(p.exists() for p in files)  # ended workers leave no socket behind
     assert not [r for r in caplog.records if "answering in this process" in r.getMessage()]
+
+
+def test_an_unreachable_worker_falls_back_to_in_process_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A socket path too long for AF_UNIX (a deep TMPDIR): every message is answered in the
+    ClientApp's own process at once, with a warning, and the run is unchanged."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(deep))
+    raw = small_config(rounds=2)
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    workers = {100 + c: {"worker": "true"} for c in range(raw["data"]["clients"])}
+    with caplog.at_level(logging.WARNING, logger="fedflock.worker"):
+        summary, _ = _flower_run(tmp_path, raw, "fallback", workers)
+    assert _comparable(summary) == _comparable(embedded)
+    warned = [r.getMessage() for r in caplog.records if "too long" in r.getMessage()]
+    assert warned and all("answering in this process" in w for w in warned)

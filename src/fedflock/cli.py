@@ -155,7 +155,8 @@ def deploy_init(
         raise FedflockError(f"--out {out}: exists and is not a folder")
     credentials = write_credentials(out, nodes, host or [])
     typer.echo(f"wrote ca.crt, server.pem, server.key and node0..{nodes - 1}.key/.pub to "
-               f"{credentials.folder} (keys readable by you only)\n")
+               f"{credentials.folder} (keys readable by you only); ca.key signs certificates "
+               "every node trusts: keep it off the devices\n")
     typer.echo(deployment_commands(credentials, (host or ["127.0.0.1"])[0], port))
 
 

@@ -75,11 +75,21 @@ def default_cache_dir() -> Path:
     return Path(root) / "partitions"
 
 
+def _code_stamp() -> str:
+    """The code that draws a federation: a fedflock whose scenarios changed draws anew."""
+    from fedflock.data import datasets, scenarios
+
+    digest = hashlib.sha256()
+    for module in (scenarios, datasets):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(cfg: DataConfig, seed: int) -> str:
     """Names the federation a scenario draws: the data config, where its data root resolves
-    to, the seed and the cache format."""
+    to, the seed, the code that draws it and the cache format."""
     raw = {"data": cfg.model_dump(mode="json"), "root": str(cfg.resolved_root() or ""),
-           "seed": seed, "format": CACHE_FORMAT}
+           "seed": seed, "code": _code_stamp(), "format": CACHE_FORMAT}
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -144,22 +154,23 @@ def scenario_partition(cfg: DataConfig, seed: int, partition: int,
     path = _path(folder, cfg.dataset, key, partition)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # no writable cache: still works, drawing the federation each time
-        warnings.warn(f"partition cache {folder}: {err}; drawing every partition each message",
-                      PartitionCacheWarning, stacklevel=2)
+        with _locked(folder, key):
+            if path.is_file():
+                try:
+                    return _read(path, key)
+                except ValueError as err:
+                    warnings.warn(f"partition cache {path}: {err}; rebuilding it",
+                                  PartitionCacheWarning, stacklevel=2)
+            data = build_federated_data(cfg, seed)
+            sizes = data.sizes
+            for index in range(len(data.clients)):
+                _write(_path(folder, cfg.dataset, key, index), NodeData.of(data, index, sizes),
+                       key)
+        return NodeData.of(data, partition, sizes)
+    except OSError as err:  # a cache that cannot be written: still works, drawing each time
+        warnings.warn(f"partition cache {folder}: {err}; drawing the federation for this "
+                      "message", PartitionCacheWarning, stacklevel=2)
         return NodeData.of(build_federated_data(cfg, seed), partition)
-    with _locked(folder, key):
-        if path.is_file():
-            try:
-                return _read(path, key)
-            except ValueError as err:
-                warnings.warn(f"partition cache {path}: {err}; rebuilding it",
-                              PartitionCacheWarning, stacklevel=2)
-        data = build_federated_data(cfg, seed)
-        sizes = data.sizes
-        for index in range(len(data.clients)):
-            _write(_path(folder, cfg.dataset, key, index), NodeData.of(data, index, sizes), key)
-    return NodeData.of(data, partition, sizes)
 
 
 def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
@@ -209,6 +220,6 @@ def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
         raise DataError(f"{where}: token ids must lie in 0..{vocab - 1}")
     spec = DataSpec(tuple(int(s) for s in x.shape[1:]), classes, vocab_size=vocab)
     to_torch = [torch.from_numpy(np.ascontiguousarray(a)) for a in (x, y, x_test, y_test)]
-    client = ClientData(to_torch[0] if tokens else to_torch[0].float(), to_torch[1].long(),
-                        to_torch[2] if tokens else to_torch[2].float(), to_torch[3].long())
+    inputs = [t.long() if tokens else t.float() for t in (to_torch[0], to_torch[2])]
+    client = ClientData(inputs[0], to_torch[1].long(), inputs[1], to_torch[3].long())
     return NodeData(partition, client, spec, num_clients, None, (len(y),))

@@ -56,6 +56,7 @@ def _name(common: str) -> x509.Name:
 
 def _write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_TRUNC
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
 
@@ -80,7 +81,8 @@ def write_credentials(folder: Path, nodes: int, hosts: list[str] | None = None) 
     pairs, written to `folder` (created; existing files are replaced)."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
+    # Valid from yesterday: devices without a real-time clock often run behind.
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
     until = now + datetime.timedelta(days=VALID_DAYS)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())

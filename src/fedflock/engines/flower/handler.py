@@ -19,6 +19,7 @@ where they are used).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -38,7 +39,9 @@ from fedflock.engines.flower.settings import experiment_config
 
 STATE = "fedflock.client-state"  # the ArrayRecord of the node's Context.state holding it
 # One process may serve several partitions (Flower's simulation runtime reuses its workers).
-_runtimes: dict[tuple[str, int, str], ClientRuntime] = {}
+# Kept for a few partitions only: a simulation worker serving thousands must not hold them all.
+MAX_RUNTIMES = 8
+_runtimes: OrderedDict[tuple[str, int, str], ClientRuntime] = OrderedDict()
 
 
 def _node_data(context: Context, config: ExperimentConfig, partition: int) -> NodeData:
@@ -57,7 +60,11 @@ def _runtime(context: Context) -> tuple[ClientRuntime, int]:
         config = config.model_copy(update={"privacy": privacy})
     partition = int(context.node_config["partition-id"])
     key = (dump_config(config), partition, str(context.node_config.get("data-path", "")))
-    if key not in _runtimes:
+    if key in _runtimes:
+        _runtimes.move_to_end(key)
+    else:
+        while len(_runtimes) >= MAX_RUNTIMES:
+            _runtimes.popitem(last=False)
         _runtimes[key] = ClientRuntime(_node_data(context, config, partition), config.model,
                                        config.training, config.seed, config.privacy,
                                        config.attack)
@@ -77,6 +84,8 @@ def answer(message: Message, context: Context) -> RecordDict:
     state = runtime.states.pop(client, {})
     if state:
         context.state[STATE] = tensors_record(state)
+    elif STATE in context.state:  # a task emptied it: so it is, as on the embedded engine
+        del context.state[STATE]
     fault = str(context.node_config.get("fault", ""))
     if fault:
         replies = [_corrupt(reply, fault) for reply in replies]

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -49,6 +50,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 IDLE_SECONDS = 900.0
 START_SECONDS = 120.0  # for a worker to import torch and listen
+MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes on Linux
 log = logging.getLogger("fedflock.worker")
 
 
@@ -89,14 +91,18 @@ def _start(sock: Path, secret: Path) -> Connection:
             fh.write(secrets.token_bytes(32))
         sock.unlink(missing_ok=True)
         with open(sock.with_suffix(".log"), "ab") as out:
-            subprocess.Popen([sys.executable, "-m", "fedflock.engines.flower.worker", str(sock),
-                              str(secret), str(os.getppid())], stdout=out, stderr=out,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen([sys.executable, "-m", "fedflock.engines.flower.worker",
+                                     str(sock), str(secret), str(os.getppid())], stdout=out,
+                                    stderr=out, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             conn = _connect(sock, secret)
             if conn is not None:
                 return conn
+            if proc.poll() is not None:  # died starting: say so now, not after the deadline
+                raise RuntimeError(f"the node's worker exited with status {proc.returncode} "
+                                   f"(see {sock.with_suffix('.log')})")
             time.sleep(0.05)
     raise TimeoutError(f"the node's worker did not listen on {sock} within {START_SECONDS} s")
 
@@ -109,6 +115,8 @@ def ask(message: Message, context: Context) -> RecordDict | None:
         folder = workers_folder()
         name = _name(context)
         sock, secret = folder / f"{name}.sock", folder / f"{name}.key"
+        if len(str(sock)) > MAX_SOCKET_PATH:
+            raise OSError(f"socket path {sock} is too long for AF_UNIX (set TMPDIR shorter)")
         conn = _connect(sock, secret) or _start(sock, secret)
         with conn:
             conn.send_bytes(message_to_proto(message).SerializeToString())
@@ -124,10 +132,17 @@ def ask(message: Message, context: Context) -> RecordDict | None:
         return None
 
 
-def _leave(sock: Path) -> None:
-    """Remove the worker's files (its log too when empty) and end the process."""
-    for suffix in (".sock", ".key", ".lock"):
-        sock.with_suffix(suffix).unlink(missing_ok=True)
+def _leave(sock: Path, inode: int, secret: bytes) -> None:
+    """Remove the worker's socket and secret if they are still its own (a successor may have
+    replaced them), its log when empty, and end the process. The lock file stays: another
+    process may hold it."""
+    with contextlib.suppress(OSError):
+        if sock.stat().st_ino == inode:
+            sock.unlink()
+    with contextlib.suppress(OSError):
+        key = sock.with_suffix(".key")
+        if key.read_bytes() == secret:
+            key.unlink()
     log_file = sock.with_suffix(".log")
     with contextlib.suppress(OSError):
         if log_file.stat().st_size == 0:
@@ -135,28 +150,48 @@ def _leave(sock: Path) -> None:
     os._exit(0)
 
 
-def _watchdog(sock: Path, parent: int, last: list[float]) -> None:
-    """End the worker when its node is gone or it has been idle too long."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watchdog(leave: Callable[[], None], parent: int, last: list[float],
+              busy: threading.Event) -> None:
+    """End the worker when its node is gone, or when it has been idle (not answering a
+    message) for longer than IDLE_SECONDS."""
     while True:
         time.sleep(2.0)
-        gone = not Path(f"/proc/{parent}").exists()
-        if gone or time.monotonic() - last[0] > IDLE_SECONDS:
-            _leave(sock)
+        idle = not busy.is_set() and time.monotonic() - last[0] > IDLE_SECONDS
+        if idle or not _alive(parent):
+            leave()
 
 
 def serve(sock: Path, secret: Path, parent: int) -> None:
-    from fedflock.engines.flower.handler import answer  # torch, the runtime: once
+    key = secret.read_bytes()
+    with Listener(str(sock), family="AF_UNIX", authkey=key) as listener:
+        inode = sock.stat().st_ino
 
-    signal.signal(signal.SIGTERM, lambda *_: _leave(sock))
-    last = [time.monotonic()]
-    threading.Thread(target=_watchdog, args=(sock, parent, last), daemon=True).start()
-    with Listener(str(sock), family="AF_UNIX", authkey=secret.read_bytes()) as listener:
+        def leave() -> None:
+            _leave(sock, inode, key)
+
+        signal.signal(signal.SIGTERM, lambda *_: leave())
+        from fedflock.engines.flower.handler import answer  # torch, the runtime: once
+
+        last, busy = [time.monotonic()], threading.Event()
+        threading.Thread(target=_watchdog, args=(leave, parent, last, busy),
+                         daemon=True).start()
         while True:
             try:
                 conn = listener.accept()
             except (OSError, EOFError, AuthenticationError) as err:  # no secret, or gone
                 log.warning("node worker: refused a connection (%s)", err)
                 continue
+            busy.set()
             with conn, contextlib.suppress(OSError, EOFError):
                 message = message_from_proto(ProtoMessage.FromString(conn.recv_bytes()))
                 context = context_from_proto(ProtoContext.FromString(conn.recv_bytes()))
@@ -169,6 +204,7 @@ def serve(sock: Path, secret: Path, parent: int) -> None:
                     conn.send_bytes(recorddict_to_proto(content).SerializeToString())
                     conn.send_bytes(recorddict_to_proto(context.state).SerializeToString())
             last[0] = time.monotonic()
+            busy.clear()
 
 
 if __name__ == "__main__":
