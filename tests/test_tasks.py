@@ -15,7 +15,14 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.executors import EXECUTORS
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import InvalidReply, Reply, Task, check_tensor, register_task
+from fedflock.client.task import (
+    TASKS,
+    InvalidReply,
+    Reply,
+    Task,
+    check_tensor,
+    register_task,
+)
 from fedflock.client.tasks import Select, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
@@ -120,3 +127,12 @@ def test_select_check_refuses_a_choice_outside_the_models() -> None:
     bad = Reply(0, good.tensors, {**good.metrics, "choice": 2.0}, good.num_examples)
     with pytest.raises(InvalidReply, match="choice"):
         task.check(bad)
+
+
+@pytest.mark.parametrize("kind", ["has space", "a__b", "1st"])
+def test_a_task_kind_must_fit_a_flower_message_type(kind: str) -> None:
+    """`train.<kind>` must be a valid Flower type, and `__` joins the kinds of one message."""
+    bad = type("Bad", (ClassMeans,), {"kind": kind})
+    with pytest.raises(ValueError, match="identifier"):
+        register_task(bad)
+    assert kind not in TASKS

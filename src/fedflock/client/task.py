@@ -136,7 +136,11 @@ TaskType = TypeVar("TaskType", bound=type[Task])
 
 
 def register_task(cls: TaskType) -> TaskType:
-    """Class decorator: register a task under its `kind`."""
+    """Class decorator: register a task under its `kind`, a Python identifier without `__`
+    (Flower message types are `train.<identifier>`, and one message joins the kinds of its
+    tasks with `__`)."""
+    if not cls.kind.isidentifier() or "__" in cls.kind:
+        raise ValueError(f"task kind {cls.kind!r}: use a Python identifier without '__'")
     TASKS.register(cls.kind)(cls)
     return cls
 
