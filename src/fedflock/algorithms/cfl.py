@@ -46,8 +46,7 @@ from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Gradient, Train
 from fedflock.clustering import ParameterTree
 from fedflock.clustering.split_stats import SplitStats
-from fedflock.clustering.stability import Stabilisation
-from fedflock.clustering.watch import SplitWatch
+from fedflock.clustering.watch import SplitWatch, SplitWatches
 
 
 class CFLParams(AlgorithmParams):
@@ -98,19 +97,13 @@ class CFL(ClusteredAlgorithm):
         super().__init__(*args, **kwargs)
         self.param_tree = ParameterTree(self.params.tree_updates)
         self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
-        self.watches: dict[int, SplitWatch] = {}  # cluster -> its windows and statistics
+        p = self.params
+        self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage, p.min_replies)
 
     def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         if self.params.update == "gradients":
             return Gradient(client, rnd, params)
         return Train(client, rnd, params)
-
-    def _watch(self, cluster_id: int) -> SplitWatch:
-        p = self.params
-        if cluster_id not in self.watches:
-            self.watches[cluster_id] = SplitWatch(Stabilisation(p.patience, p.stable_tol),
-                                                  p.window_coverage, p.min_replies)
-        return self.watches[cluster_id]
 
     def _fires(self, watch: SplitWatch, stats: SplitStats) -> bool:
         p = self.params
@@ -123,11 +116,9 @@ class CFL(ClusteredAlgorithm):
         p = self.params
         if len(cluster.members) < p.min_cluster_size:
             return None
-        watch = self._watch(cluster.id)
-        found = watch.examine(cluster.members, cluster.params[: self.update_size],
-                              [r.client for r in replies],
-                              torch.stack([r.update[: self.update_size] for r in replies]),
-                              [r.num_examples for r in replies], p.linkage)
+        watch = self.watches[cluster.id]
+        found = self.watches.examine(cluster.id, cluster.members, cluster.params, replies,
+                                     self.update_size, p.linkage)
         if found is None:
             return None  # the window is still open (patience neither advances nor resets)
         window, stats = found.window, found.stats
@@ -143,7 +134,7 @@ class CFL(ClusteredAlgorithm):
             return None
         if p.max_clusters is not None and len(self._clusters) >= p.max_clusters:
             return None
-        del self.watches[cluster.id]
+        self.watches.drop(cluster.id)
         members = window.clients
         parts = [[members[i] for i in part] for part in stats.parts]
         children = [self._next_id, self._next_id + 1]
@@ -180,11 +171,9 @@ class CFL(ClusteredAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {
             "tree": self.param_tree.to_dict(),
-            "watches": {k: w.state_dict() for k, w in self.watches.items()}}
+            "watches": self.watches.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.param_tree = ParameterTree.from_dict(state["tree"], self.params.tree_updates)
-        self.watches = {}
-        for key, watch in state["watches"].items():
-            self._watch(int(key)).load_state_dict(watch)
+        self.watches.load_state_dict(state["watches"])

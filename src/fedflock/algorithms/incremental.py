@@ -63,7 +63,7 @@ from fedflock.clustering.communities import (
     modularity,
 )
 from fedflock.clustering.stability import Stabilisation
-from fedflock.clustering.watch import SplitWatch
+from fedflock.clustering.watch import SplitWatches
 from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
 
 SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
@@ -128,7 +128,9 @@ class Incremental(ClusteredAlgorithm):
                                            self._sketch_size(), self.context.seed)
         self.initial = self._clusters[0].params.clone()
         self.stability = Stabilisation(self.params.patience, self.params.stable_tol)
-        self.watches: dict[int, SplitWatch] = {}  # cluster -> its split test after clustering
+        p = self.params  # every cluster's split test after clustering
+        self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage,
+                                    p.min_cluster_size)
         self.clustered_round: int | None = None
         self._offered: dict[int, list[int]] = {}
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
@@ -206,24 +208,15 @@ class Incremental(ClusteredAlgorithm):
         self.store.release()
 
     # -- after clustering: every cluster keeps being examined -------------------------------
-    def _watch(self, cluster_id: int) -> SplitWatch:
-        p = self.params
-        if cluster_id not in self.watches:
-            self.watches[cluster_id] = SplitWatch(Stabilisation(p.patience, p.stable_tol),
-                                                  p.window_coverage, p.min_cluster_size)
-        return self.watches[cluster_id]
-
     def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
                   diag: dict[str, Any]) -> list[list[int]] | None:
         p = self.params
         if (self.clustered_round is None or not p.recheck
                 or len(cluster.members) < p.min_cluster_size):
             return None
-        watch = self._watch(cluster.id)
-        found = watch.examine(cluster.members, cluster.params[: self.update_size],
-                              [r.client for r in replies],
-                              torch.stack([r.update[: self.update_size] for r in replies]),
-                              [r.num_examples for r in replies])
+        watch = self.watches[cluster.id]
+        found = self.watches.examine(cluster.id, cluster.members, cluster.params, replies,
+                                     self.update_size)
         if found is None:
             return None
         held = found.window.clients
@@ -235,7 +228,7 @@ class Incremental(ClusteredAlgorithm):
                              parts, {"rule": "recheck", **found.stats.figures(),
                                      "examined": len(held), "members": len(cluster.members)},
                              (held, found.window.similarity)))
-        del self.watches[cluster.id]
+        self.watches.drop(cluster.id)
         self.children[cluster.id] = [self._next_id, self._next_id + 1]
         return parts
 
@@ -305,7 +298,7 @@ class Incremental(ClusteredAlgorithm):
             "store": self.store.state_dict(), "changes": self.stability.changes,
             "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
             "children": self.children,
-            "watches": {k: w.state_dict() for k, w in self.watches.items()}}
+            "watches": self.watches.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -314,6 +307,4 @@ class Incremental(ClusteredAlgorithm):
         self.clustered_round = state["clustered_round"]
         self.trained_rounds = state["trained_rounds"]
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
-        self.watches = {}
-        for key, watch in state.get("watches", {}).items():
-            self._watch(int(key)).load_state_dict(watch)
+        self.watches.load_state_dict(state.get("watches", {}))

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fedflock.client.task import Reply
 from fedflock.clustering.split_stats import SplitStats, split_stats
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.window import UpdateWindow, Window
@@ -72,3 +73,39 @@ class SplitWatch:
         self.stability.last = state["last"]
         self.pseudo_f = list(state["pseudo_f"])
         self.window = UpdateWindow.from_state(state["window"])
+
+
+class SplitWatches:
+    """One `SplitWatch` per cluster, made on first use and checkpointed together: what CFL and
+    incremental clustering's re-examination keep between rounds."""
+
+    def __init__(self, patience: int, tol: float, coverage: float, min_size: int) -> None:
+        self.patience, self.tol, self.coverage, self.min_size = patience, tol, coverage, min_size
+        self.watches: dict[int, SplitWatch] = {}
+
+    def __getitem__(self, cluster_id: int) -> SplitWatch:
+        if cluster_id not in self.watches:
+            self.watches[cluster_id] = SplitWatch(Stabilisation(self.patience, self.tol),
+                                                  self.coverage, self.min_size)
+        return self.watches[cluster_id]
+
+    def examine(self, cluster_id: int, members: list[int], model: torch.Tensor,
+                replies: list[Reply], width: int, linkage: str = "single"
+                ) -> Examination | None:
+        """`SplitWatch.examine` on the replies' updates (their first `width` entries)."""
+        return self[cluster_id].examine(
+            members, model[:width], [r.client for r in replies],
+            torch.stack([r.update[:width] for r in replies]),
+            [r.num_examples for r in replies], linkage)
+
+    def drop(self, cluster_id: int) -> None:
+        """Forget a cluster that split (its heirs start afresh)."""
+        self.watches.pop(cluster_id, None)
+
+    def state_dict(self) -> dict[int, dict[str, Any]]:
+        return {k: w.state_dict() for k, w in self.watches.items()}
+
+    def load_state_dict(self, state: dict[Any, dict[str, Any]]) -> None:
+        self.watches = {}
+        for key, watch in state.items():
+            self[int(key)].load_state_dict(watch)
