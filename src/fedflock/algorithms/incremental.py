@@ -44,9 +44,12 @@ about, ask for `min_coverage: 1.0` so every client is seen before clustering.
 
 from __future__ import annotations
 
+import math
 import time
+from itertools import pairwise
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -56,8 +59,12 @@ from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Select
 from fedflock.clustering.communities import (
+    SELF_TUNING_NEIGHBOUR,
     affinity,
+    block_means,
     cross_ratio,
+    knn_affinity,
+    knn_scale,
     louvain,
     merge_close,
     modularity,
@@ -68,6 +75,16 @@ from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
 
 SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
 AUTO_SKETCH_BYTES = 4 * 2**30  # `sketch: auto` sketches when full updates could exceed this
+AUTO_NEIGHBOUR_BYTES = 2**30  # `neighbours: auto` keeps lists when the matrix could exceed this
+MERGE_SAMPLE = 200  # members per community whose pairs estimate the merge test on a k-NN graph
+
+
+def neighbours_for(clients: int) -> int:
+    """k of the k-nearest-neighbour graph of `clients` clients: ceil(3 ln n). A k-NN graph of
+    points drawn from one smooth density is connected with high probability once k exceeds
+    about 0.5 ln n (Balister et al. 2005), so each community stays in one piece with a
+    margin; and k stays far below the size of any community worth finding (35 at 100,000)."""
+    return max(SELF_TUNING_NEIGHBOUR, math.ceil(3 * math.log(max(clients, 2))))
 
 
 class IncrementalParams(AlgorithmParams):
@@ -104,6 +121,10 @@ class IncrementalParams(AlgorithmParams):
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
         "more than 4 GiB)")
+    neighbours: int | Literal["auto"] | None = Field(
+        "auto", description="keep each client's this many closest others instead of the n x n "
+        "matrix, and cluster their sparse k-nearest-neighbour graph (null: the whole matrix; "
+        "auto: ceil(3 ln n) when the matrix of every client would take more than 1 GiB)")
 
     @model_validator(mode="after")
     def _sketchable(self) -> IncrementalParams:
@@ -112,6 +133,9 @@ class IncrementalParams(AlgorithmParams):
                              "distances (use cosine or euclidean, or sketch: null)")
         if isinstance(self.sketch, int) and self.sketch < 16:
             raise ValueError("sketch: at least 16 dimensions")
+        if isinstance(self.neighbours, int) and self.neighbours < SELF_TUNING_NEIGHBOUR:
+            raise ValueError(f"neighbours: at least {SELF_TUNING_NEIGHBOUR} (the self-tuning "
+                             "scale of distances is the 7th neighbour's)")
         return self
 
 
@@ -125,7 +149,8 @@ class Incremental(ClusteredAlgorithm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.store = IncrementalSimilarity(self.params.similarity, self.num_clients,
-                                           self._sketch_size(), self.context.seed)
+                                           self._sketch_size(), self.context.seed,
+                                           self._neighbours())
         self.initial = self._clusters[0].params.clone()
         self.stability = Stabilisation(self.params.patience, self.params.stable_tol)
         p = self.params  # every cluster's split test after clustering
@@ -144,6 +169,13 @@ class Incremental(ClusteredAlgorithm):
         full = self.num_clients * self.update_size * 4
         sketchable = self.params.similarity in SKETCHABLE
         return SKETCH_SIZE if sketchable and full > AUTO_SKETCH_BYTES else None
+
+    def _neighbours(self) -> int | None:
+        k = self.params.neighbours
+        if k != "auto":
+            return k
+        return neighbours_for(self.num_clients) \
+            if self.num_clients ** 2 * 4 > AUTO_NEIGHBOUR_BYTES else None
 
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
@@ -179,10 +211,9 @@ class Incremental(ClusteredAlgorithm):
     def _cluster(self, rnd: int, out: dict[str, Any]) -> None:
         p = self.params
         t0 = time.perf_counter()
-        clients, values = self.store.values()
-        weights = affinity(values.numpy(), self.store.is_similarity)
+        clients, weights, means, matrix = self._graph()
         found = louvain(weights, p.resolution, seed=0, backend=p.backend)
-        merged = merge_close(weights, found.parts, p.max_cross_ratio)
+        merged = merge_close(means, found.parts, p.max_cross_ratio)
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustering_seconds=round(seconds, 4), modularity=round(found.modularity, 4),
@@ -202,10 +233,38 @@ class Incremental(ClusteredAlgorithm):
         self._index_members()
         self.record(Decision("split", rnd, parent.id, [c.id for c in self._clusters], parts,
                              {"modularity": round(modularity(weights, merged), 4),
-                              "cross_ratio": round(cross_ratio(weights, merged), 4),
+                              "cross_ratio": round(cross_ratio(means(merged), merged), 4),
                               "unseen": self.num_clients - len(seen)},
-                             (clients, values.numpy())))
+                             matrix))
         self.store.release()
+
+    def _graph(self) -> tuple[list[int], Any, Any, tuple[list[int], Any] | None]:
+        """(clients seen, their graph, the `block_means` of a partition of them, the matrix
+        a decision keeps). With neighbour lists the graph is their sparse k-NN graph, and the
+        merge test's mean weights are estimated from the pairs of up to MERGE_SAMPLE members of
+        each community (the same statistic as on the whole matrix, which a k-NN graph would
+        not give: its within/between edge densities differ by construction)."""
+        store = self.store
+        if store.lists is None:
+            clients, values = store.values()
+            weights = affinity(values.numpy(), store.is_similarity)
+            return clients, weights, lambda parts: block_means(weights, parts), \
+                (clients, values.numpy())
+        clients, index, value = store.neighbour_lists()
+        weights = knn_affinity(index.numpy(), value.numpy(), store.is_similarity)
+        scale = None if store.is_similarity else knn_scale(value.numpy())
+
+        def sampled_means(parts: list[list[int]]) -> Any:
+            rng = np.random.default_rng(0)
+            picked = [sorted(rng.choice(part, min(len(part), MERGE_SAMPLE), replace=False))
+                      for part in parts]
+            rows = [int(i) for part in picked for i in part]
+            sub = affinity(store.among(rows).numpy(), store.is_similarity,
+                           None if scale is None else scale[rows])
+            bounds = np.cumsum([0] + [len(part) for part in picked])
+            return block_means(sub, [list(range(a, b)) for a, b in pairwise(bounds)])
+
+        return clients, weights, sampled_means, None
 
     # -- after clustering: every cluster keeps being examined -------------------------------
     def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],

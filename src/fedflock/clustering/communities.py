@@ -6,6 +6,10 @@ exp(-d_ij^2 / (s_i s_j)), s_i the distance from i to its 7th nearest neighbour (
 Perona 2004), which needs no scale. Two backends give the same method: NetworkX's
 `louvain_communities` (pure Python) and igraph's `community_multilevel` (C, much faster on
 large dense graphs; see `benchmarks/incremental_scale.py`).
+
+A graph is a dense (n, n) array or, for many clients, a SciPy sparse array: the k-nearest-
+neighbour graph (`knn_affinity`) of the neighbour lists the incremental store keeps instead of
+its n x n matrix. Everything here takes either.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +33,11 @@ class Communities:
     cross_ratio: float  # mean edge weight between communities / mean weight within them
 
 
-def affinity(values: np.ndarray, is_similarity: bool) -> np.ndarray:
-    """Non-negative symmetric edge weights with a zero diagonal; NaN (unknown pairs) -> 0."""
+def affinity(values: np.ndarray, is_similarity: bool, scale: np.ndarray | None = None
+             ) -> np.ndarray:
+    """Non-negative symmetric edge weights with a zero diagonal; NaN (unknown pairs) -> 0.
+    Distances use `scale` when given (each row's self-tuning scale, taken from a larger graph
+    than this one), else the 7th-neighbour distance within `values`."""
     values = np.asarray(values, dtype=np.float64)
     known = ~np.isnan(values)
     np.fill_diagonal(known, False)
@@ -38,10 +46,11 @@ def affinity(values: np.ndarray, is_similarity: bool) -> np.ndarray:
     else:
         dist = np.where(known, values, np.inf)
         k = min(SELF_TUNING_NEIGHBOUR, max(len(values) - 1, 1))
-        scale = np.sort(dist, axis=1)[:, k - 1]
-        scale = np.where(np.isfinite(scale), scale, np.nanmax(np.where(known, values, np.nan),
-                                                               axis=1, initial=0.0))
-        scale = np.clip(scale, 1e-12, None)
+        if scale is None:
+            scale = np.sort(dist, axis=1)[:, k - 1]
+            scale = np.where(np.isfinite(scale), scale, np.nanmax(
+                np.where(known, values, np.nan), axis=1, initial=0.0))
+        scale = np.clip(np.asarray(scale, dtype=np.float64), 1e-12, None)
         weights = np.where(known, np.exp(-np.where(known, values, 0.0) ** 2
                                           / np.outer(scale, scale)), 0.0)
     weights = (weights + weights.T) / 2
@@ -49,82 +58,143 @@ def affinity(values: np.ndarray, is_similarity: bool) -> np.ndarray:
     return weights
 
 
-Backend = Callable[[np.ndarray, float, int], list[set[int]]]
+def knn_affinity(neighbours: np.ndarray, values: np.ndarray, is_similarity: bool) -> Any:
+    """The sparse counterpart of `affinity` on a k-nearest-neighbour graph: row i of
+    `neighbours` (n, k) lists i's closest others (-1: none), `values` their similarities (best
+    first) or distances (closest first). An edge is kept when either end lists it; distances
+    take the self-tuning scale from the lists (s_i = the distance to i's 7th neighbour)."""
+    from scipy import sparse
+
+    n = len(neighbours)
+    rows = np.repeat(np.arange(n), neighbours.shape[1])
+    cols, vals = neighbours.ravel(), values.ravel().astype(np.float64)
+    keep = (cols >= 0) & (cols != rows) & np.isfinite(vals)
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    if is_similarity:
+        weights = np.clip(vals, 0.0, None)
+    else:
+        scale = knn_scale(values)
+        weights = np.exp(-vals ** 2 / (scale[rows] * scale[cols]))
+    graph = sparse.csr_array((weights, (rows, cols)), shape=(n, n))
+    graph = graph.maximum(graph.T)  # the same pair listed by both ends counts once
+    graph.eliminate_zeros()
+    return graph
+
+
+def knn_scale(values: np.ndarray) -> np.ndarray:
+    """Each row's self-tuning scale from its neighbour distances (closest first): the 7th,
+    or the farthest it has."""
+    values = np.asarray(values, dtype=np.float64)
+    k = min(SELF_TUNING_NEIGHBOUR, values.shape[1]) - 1
+    finite = np.where(np.isfinite(values), values, np.nan)
+    farthest = np.nanmax(np.where(np.isnan(finite), -np.inf, finite), axis=1, initial=0.0)
+    scale = np.where(np.isfinite(values[:, k]), values[:, k], farthest)
+    return np.clip(scale, 1e-12, None)
+
+
+def _edges(weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, weights) of the positive edges i < j of a dense or sparse graph."""
+    from scipy import sparse
+
+    if sparse.issparse(weights):
+        upper = sparse.triu(weights, 1).tocoo()
+        keep = upper.data > 0
+        return upper.row[keep], upper.col[keep], upper.data[keep]
+    rows, cols = np.nonzero(np.triu(weights, 1) > 0)
+    return rows, cols, weights[rows, cols]
+
+
+Backend = Callable[[int, tuple[np.ndarray, np.ndarray, np.ndarray], float, int],
+                   list[set[int]]]
 BACKENDS: Registry[Backend] = Registry("community backend")
 
 
 @BACKENDS.register("networkx", "NetworkX louvain_communities (pure Python)")
-def _networkx(weights: np.ndarray, resolution: float, seed: int) -> list[set[int]]:
+def _networkx(n: int, edges: tuple[np.ndarray, np.ndarray, np.ndarray], resolution: float,
+              seed: int) -> list[set[int]]:
     import networkx as nx
 
-    graph = nx.from_numpy_array(weights)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_weighted_edges_from(zip(*(e.tolist() for e in edges), strict=True))
     return [set(c) for c in nx.community.louvain_communities(
         graph, weight="weight", resolution=resolution, seed=seed)]
 
 
 @BACKENDS.register("igraph", "igraph community_multilevel (C)")
-def _igraph(weights: np.ndarray, resolution: float, seed: int) -> list[set[int]]:
+def _igraph(n: int, edges: tuple[np.ndarray, np.ndarray, np.ndarray], resolution: float,
+            seed: int) -> list[set[int]]:
     import igraph as ig
 
-    rows, cols = np.nonzero(np.triu(weights, 1))
-    graph = ig.Graph(n=len(weights), edges=np.column_stack([rows, cols]).tolist())
+    rows, cols, weights = edges
+    graph = ig.Graph(n=n, edges=np.column_stack([rows, cols]))
     ig.set_random_number_generator(random.Random(seed))
     try:
-        found = graph.community_multilevel(weights=weights[rows, cols].tolist(),
-                                           resolution=resolution)
+        found = graph.community_multilevel(weights=weights, resolution=resolution)
     finally:
         ig.set_random_number_generator(random)
     return [set(c) for c in found]
 
 
-def modularity(weights: np.ndarray, parts: list[list[int]], resolution: float = 1.0) -> float:
+def _block_sums(weights: Any, parts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Total weight within (diagonal) and between communities, and their sizes."""
+    onehot = np.zeros((weights.shape[0], len(parts)))
+    for k, part in enumerate(parts):
+        onehot[part, k] = 1.0
+    return onehot.T @ np.asarray(weights @ onehot), onehot.sum(0)
+
+
+def block_means(weights: Any, parts: list[list[int]]) -> np.ndarray:
+    """Mean weight of the pairs within (diagonal; NaN for a singleton) and between
+    communities."""
+    sums, sizes = _block_sums(weights, parts)
+    pairs = np.outer(sizes, sizes) - np.diag(sizes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, sums / np.maximum(pairs, 1), np.nan)
+
+
+def modularity(weights: Any, parts: list[list[int]], resolution: float = 1.0) -> float:
     """Newman's weighted modularity of a partition (0 for a graph without edges)."""
-    total = weights.sum()
+    sums, _ = _block_sums(weights, parts)
+    total = sums.sum()
     if total <= 0:
         return 0.0
-    strength = weights.sum(1)
-    q = 0.0
-    for part in parts:
-        idx = np.asarray(part)
-        q += weights[np.ix_(idx, idx)].sum() / total \
-            - resolution * (strength[idx].sum() / total) ** 2
-    return float(q)
+    strength = sums.sum(1)
+    return float(np.sum(np.diag(sums) / total - resolution * (strength / total) ** 2))
 
 
-def cross_ratio(weights: np.ndarray, parts: list[list[int]]) -> float:
-    """Mean weight of the pairs in different communities over that of pairs in the same one:
-    near 0 when communities are really apart, near 1 when Louvain only cut a uniform cloud
-    (Louvain always returns some partition; modularity alone cannot tell, being bounded by the
-    parts' balance: a 90/10 split scores at most 0.18)."""
-    labels = np.empty(len(weights), dtype=int)
-    for k, part in enumerate(parts):
-        labels[part] = k
-    same = labels[:, None] == labels[None, :]
-    within = same & ~np.eye(len(weights), dtype=bool)
-    if not within.any() or same.all():
-        return 1.0 if same.all() else 0.0
-    inside = weights[within].mean()
-    return float(weights[~same].mean() / inside) if inside > 0 else 1.0
+def cross_ratio(means: np.ndarray, parts: list[list[int]]) -> float:
+    """Mean weight of the pairs in different communities over that of pairs in the same one,
+    from `block_means`: near 0 when communities are really apart, near 1 when Louvain only cut
+    a uniform cloud (Louvain always returns some partition; modularity alone cannot tell, being
+    bounded by the parts' balance: a 90/10 split scores at most 0.18)."""
+    sizes = np.array([len(p) for p in parts], dtype=np.float64)
+    if len(parts) < 2:
+        return 1.0
+    pairs = np.outer(sizes, sizes) - np.diag(sizes)
+    known = np.nan_to_num(means) * pairs
+    within_pairs = np.diag(pairs).sum()
+    if within_pairs <= 0:
+        return 0.0
+    inside = np.trace(known) / within_pairs
+    between = (known.sum() - np.trace(known)) / (pairs.sum() - within_pairs)
+    return float(between / inside) if inside > 0 else 1.0
 
 
-def merge_close(weights: np.ndarray, parts: list[list[int]], max_ratio: float
-                ) -> list[list[int]]:
+def merge_close(graph: Any, parts: list[list[int]], max_ratio: float) -> list[list[int]]:
     """Merge communities that are not really apart, closest pair first: two communities stay
     apart only while the mean weight between them is at most `max_ratio` times the mean weight
     within them (a singleton borrows the other's; two singletons the average community's).
     Louvain cuts a uniform cloud into pieces; this puts such pieces back together, while
-    communities with (almost) no edge between them, e.g. isolated clients, stay apart."""
+    communities with (almost) no edge between them, e.g. isolated clients, stay apart.
+    `graph` is the weights (dense or sparse) or a function giving the `block_means` of a
+    partition (on a k-nearest-neighbour graph: estimated from sampled pairs)."""
+    means = graph if callable(graph) else (lambda parts: block_means(graph, parts))
     parts = [list(p) for p in parts]
     while len(parts) > 1:
-        onehot = np.zeros((len(weights), len(parts)))
-        for k, part in enumerate(parts):
-            onehot[part, k] = 1.0
-        sizes = onehot.sum(0)
-        sums = onehot.T @ weights @ onehot  # total weight within (diagonal) and between parts
-        pairs_within = sizes * (sizes - 1)
-        within = np.where(pairs_within > 0, np.diag(sums) / np.maximum(pairs_within, 1), np.nan)
+        between = means(parts)
+        within = np.diag(between)
         typical = float(np.nanmean(within)) if np.isfinite(within).any() else 0.0
-        between = sums / np.outer(sizes, sizes)
         best, pair = max_ratio, None
         for a in range(len(parts)):
             for b in range(a + 1, len(parts)):
@@ -141,15 +211,16 @@ def merge_close(weights: np.ndarray, parts: list[list[int]], max_ratio: float
     return sorted(parts, key=lambda p: (-len(p), p[0]))
 
 
-def louvain(weights: np.ndarray, resolution: float = 1.0, seed: int = 0,
+def louvain(weights: Any, resolution: float = 1.0, seed: int = 0,
             backend: str = "igraph") -> Communities:
-    """Louvain communities of a weighted graph (rows of `weights`), largest first."""
-    n = len(weights)
+    """Louvain communities of a weighted graph (dense or sparse), largest first."""
+    n = weights.shape[0]
     if n == 0:
         return Communities([], 0.0, 1.0)
-    if not (weights > 0).any():  # no edges: no evidence of any grouping
+    edges = _edges(weights)
+    if not len(edges[0]):  # no edges: no evidence of any grouping
         return Communities([list(range(n))], 0.0, 1.0)
-    found = BACKENDS.get(backend)(weights, resolution, seed)
+    found = BACKENDS.get(backend)(n, edges, resolution, seed)
     parts = sorted((sorted(c) for c in found), key=lambda p: (-len(p), p[0]))
     return Communities(parts, modularity(weights, parts, resolution),
-                       cross_ratio(weights, parts))
+                       cross_ratio(block_means(weights, parts), parts))

@@ -9,6 +9,7 @@ window is scored by the pseudo-F of the min-max bipartition of its cosine matrix
 structureless updates, large when the two parts point apart, see `split_stats`). Above
 `f_threshold` in `patience` windows in a row, fresh evidence each time, the cluster holds two
 groups and should split. No extra communication, no scale or round number in the decision.
+A window never holds more than `MAX_WINDOW` updates.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from fedflock.client.task import Reply
 from fedflock.clustering.split_stats import SplitStats, split_stats
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.window import UpdateWindow, Window
+
+# The most updates a window holds: its pseudo-F has long settled at this many, while its memory
+# (one full update each) and Gram matrix would keep growing with a cluster of 100,000 members.
+MAX_WINDOW = 1000
 
 
 @dataclass
@@ -40,7 +45,8 @@ class SplitWatch:
     pseudo_f: list[float] = field(default_factory=list)
 
     def needed(self, members: int) -> int:
-        return min(members, max(self.min_size, math.ceil(self.coverage * members)))
+        return min(members, MAX_WINDOW,
+                   max(self.min_size, math.ceil(self.coverage * members)))
 
     def examine(self, members: list[int], model: torch.Tensor, clients: list[int],
                 updates: torch.Tensor, examples: list[int], linkage: str = "single"

@@ -13,6 +13,12 @@ random sign, so one O(d) pass per update and O(d) memory for the hash): inner pr
 norms, cosines and Euclidean distances, are preserved in expectation, with a standard error of
 about sqrt((1 + cos^2) / m) on a cosine (0.016-0.022 at m = 4,096) whatever d is. Manhattan
 distances are not preserved, so that measure refuses a sketch.
+
+Neighbour lists (`neighbours=k`). The n x n matrix is O(n^2): 40 GB at 100,000 clients. With
+`neighbours` the store keeps, instead, each client's k closest others
+(`fedflock.similarity.neighbours.NeighbourLists`, O(n k)), from which the clustering builds a
+sparse k-nearest-neighbour graph; values between any other clients are recomputed from the
+stored updates when asked (`among`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 import torch
 
 from fedflock.registry import Registry
+from fedflock.similarity.neighbours import NeighbourLists
 
 # A measure compares rows of `new` (k, d) with rows of `stored` (n, d); `new_sq`/`stored_sq` are
 # the squared row norms (kept by the store). Values are similarities (higher = closer) or
@@ -68,7 +75,8 @@ class CountSketch:
 
 class IncrementalSimilarity:
     def __init__(self, measure: str = "cosine", max_clients: int | None = None,
-                 sketch: int | None = None, sketch_seed: int = 0) -> None:
+                 sketch: int | None = None, sketch_seed: int = 0,
+                 neighbours: int | None = None) -> None:
         self.max_clients = max_clients  # the storage never grows past this many rows
         self.measure_name = measure
         self.measure, self.is_similarity = MEASURES.get(measure)
@@ -82,13 +90,15 @@ class IncrementalSimilarity:
         self.updates = torch.empty(0, 0)
         self.sq = torch.empty(0, dtype=torch.float64)
         self.matrix = torch.empty(0, 0)
+        self.lists = NeighbourLists(neighbours, self.is_similarity) if neighbours else None
 
     def __len__(self) -> int:
         return len(self.clients)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.element_size() * t.numel() for t in (self.updates, self.sq, self.matrix))
+        held = sum(t.element_size() * t.numel() for t in (self.updates, self.sq, self.matrix))
+        return held + (self.lists.nbytes if self.lists is not None else 0)
 
     def _grow(self, needed: int, dim: int) -> None:
         capacity = len(self.updates)
@@ -99,12 +109,17 @@ class IncrementalSimilarity:
             size = max(needed, min(size, self.max_clients))
         updates = torch.empty(size, dim, dtype=torch.float32)
         sq = torch.zeros(size, dtype=torch.float64)
-        matrix = torch.full((size, size), float("nan"), dtype=torch.float32)
         if capacity:
             updates[:capacity] = self.updates
             sq[:capacity] = self.sq
+        self.updates, self.sq = updates, sq
+        if self.lists is not None:
+            self.lists.grow(size)
+            return
+        matrix = torch.full((size, size), float("nan"), dtype=torch.float32)
+        if capacity:
             matrix[:capacity, :capacity] = self.matrix
-        self.updates, self.sq, self.matrix = updates, sq, matrix
+        self.matrix = matrix
 
     def add(self, clients: list[int], updates: torch.Tensor) -> None:
         """Store the newest updates (k, d) of `clients` (or their sketches) and their values
@@ -121,6 +136,9 @@ class IncrementalSimilarity:
         n = len(self.clients)
         values = self.measure(updates, self.updates[:n], self.sq[rows].float(),
                               self.sq[:n].float())
+        if self.lists is not None:
+            self.lists.update(rows, values)
+            return
         self.matrix[rows, :n] = values
         self.matrix[:n, rows] = values.T
         self.matrix[rows, rows] = 1.0 if self.is_similarity else 0.0
@@ -134,8 +152,24 @@ class IncrementalSimilarity:
 
     def values(self) -> tuple[list[int], torch.Tensor]:
         """(clients seen, in row order; their matrix of values)."""
+        if self.lists is not None:
+            raise RuntimeError("this store keeps neighbour lists, not the matrix")
         n = len(self.clients)
         return list(self.clients), self.matrix[:n, :n].clone()
+
+    def neighbour_lists(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(clients seen, in row order; each one's k closest others' rows and values)."""
+        if self.lists is None:
+            raise RuntimeError("this store keeps the matrix, not neighbour lists")
+        return list(self.clients), *self.lists.lists(len(self.clients))
+
+    def among(self, rows: list[int]) -> torch.Tensor:
+        """The values between the stored clients at these rows, recomputed from their stored
+        updates."""
+        picked = torch.as_tensor(rows, dtype=torch.int64)
+        values = self.measure(self.updates[picked], self.updates[picked],
+                              self.sq[picked].float(), self.sq[picked].float())
+        return values.fill_diagonal_(1.0 if self.is_similarity else 0.0)
 
     def release(self) -> None:
         """Drop the stored updates and the matrix (the clients seen stay listed): once the
@@ -143,6 +177,8 @@ class IncrementalSimilarity:
         self.updates = torch.empty(0, 0)
         self.sq = torch.empty(0, dtype=torch.float64)
         self.matrix = torch.empty(0, 0)
+        if self.lists is not None:
+            self.lists = NeighbourLists(self.lists.k, self.is_similarity)
 
     def state_dict(self) -> dict[str, Any]:
         n = len(self.clients)
@@ -150,7 +186,8 @@ class IncrementalSimilarity:
                 "sketch": self.sketch_size, "sketch_seed": self.sketch_seed,
                 "clients": list(self.clients),
                 "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
-                "matrix": self.matrix[:n, :n].clone()}  # empty once released
+                "matrix": self.matrix[:n, :n].clone(),  # empty once released
+                "lists": self.lists.state_dict() if self.lists is not None else None}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:
@@ -159,4 +196,6 @@ class IncrementalSimilarity:
         store.clients = list(state["clients"])
         store.slot = {c: i for i, c in enumerate(store.clients)}
         store.updates, store.sq, store.matrix = state["updates"], state["sq"], state["matrix"]
+        if state.get("lists") is not None:
+            store.lists = NeighbourLists.from_state(state["lists"])
         return store
