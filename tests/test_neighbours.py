@@ -12,17 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedflock.algorithms.incremental import neighbours_for
-from fedflock.clustering.communities import (
-    affinity,
-    block_means,
-    knn_affinity,
-    louvain,
-    merge_close,
-)
+from fedflock.clustering.communities import affinity, block_means, louvain, merge_close
 from fedflock.experiment import run_experiment
 from fedflock.similarity.incremental import IncrementalSimilarity
+from fedflock.similarity.neighbours import NeighbourLists
 from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import make_algorithm, small_config
 
 rounds = st.lists(st.sets(st.integers(0, 19), min_size=1, max_size=6), min_size=1, max_size=10)
 
@@ -73,32 +68,56 @@ def test_k_grows_with_the_log_of_the_clients() -> None:
 
 def _points(sizes: list[int], spread: float, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
     gen = torch.Generator().manual_seed(seed)
-    centres = torch.randn(len(sizes), 30, generator=gen)
+    centres = 2 * torch.eye(30)[torch.randperm(30, generator=gen)[: len(sizes)]]
     labels = np.repeat(np.arange(len(sizes)), sizes)
     return centres[labels] + spread * torch.randn(len(labels), 30, generator=gen), labels
 
 
 @pytest.mark.parametrize("measure", ["cosine", "euclidean"])
-def test_the_knn_graph_finds_the_blocks_and_its_merge_test_the_dense_one(measure: str) -> None:
+def test_the_knn_graph_finds_the_blocks_and_the_sampled_merge_test_agrees_with_the_matrix(
+        measure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedflock.algorithms.incremental as incremental
+
     points, labels = _points([60, 40, 30], spread=0.3)
-    store = IncrementalSimilarity(measure, neighbours=12)
-    store.add(list(range(len(points))), points)
-    _, index, value = store.neighbour_lists()
-    graph = knn_affinity(index.numpy(), value.numpy(), store.is_similarity)
-    assert graph.nnz <= 2 * 12 * len(points) and (graph != graph.T).nnz == 0
-    found = louvain(graph)
     truth = sorted(np.flatnonzero(labels == g).tolist() for g in range(3))
-    assert sorted(merge_close(graph, found.parts, 0.25)) == truth or sorted(found.parts) == truth
-    # the merge statistic on sampled pairs is the dense graph's (whole matrix, here exact)
+    monkeypatch.setattr(incremental, "MERGE_SAMPLE", 30)  # 20 sampled members per community
+    algorithm = make_algorithm("incremental", len(points), points.shape[1],
+                               similarity=measure, neighbours=12)
+    algorithm.store.add(list(range(len(points))), points)
+    _, graph, means, matrix = algorithm._graph()
+    assert matrix is None and graph.nnz <= 2 * 12 * len(points) and (graph != graph.T).nnz == 0
+    found = louvain(graph)
+    assert sorted(merge_close(means, found.parts, 0.25)) == truth
+    # the sampled statistic estimates the whole matrix's (which a dense store computes)
     dense = IncrementalSimilarity(measure)
     dense.add(list(range(len(points))), points)
-    full = affinity(dense.values()[1].numpy(), dense.is_similarity)
-    rows = list(range(len(points)))
-    among = affinity(store.among(rows).numpy(), store.is_similarity,
-                     None if store.is_similarity else np.sort(
-                         np.where(np.eye(len(rows), dtype=bool), np.inf,
-                                  store.among(rows).numpy()), axis=1)[:, 6])
-    assert np.allclose(block_means(among, truth), block_means(full, truth), atol=1e-5)
+    full = block_means(affinity(dense.values()[1].numpy(), dense.is_similarity), truth)
+    assert np.allclose(means(truth), full, rtol=0.25, atol=0.02)
+    # a uniform cloud cut by Louvain is put back together by the same test
+    cloud, _ = _points([130], spread=0.3, seed=1)
+    algorithm = make_algorithm("incremental", len(cloud), cloud.shape[1], similarity=measure,
+                               neighbours=12)
+    algorithm.store.add(list(range(len(cloud))), cloud)
+    _, graph, means, _ = algorithm._graph()
+    found = louvain(graph)
+    assert len(found.parts) > 1 and merge_close(means, found.parts, 0.25) == [list(range(130))]
+
+
+def test_lists_survive_a_checkpoint_and_never_hold_an_unknown_value() -> None:
+    gen = torch.Generator().manual_seed(3)
+    whole = IncrementalSimilarity("euclidean", neighbours=5)
+    whole.add(list(range(30)), torch.randn(30, 8, generator=gen))
+    restored = IncrementalSimilarity.from_state(whole.state_dict())
+    later = torch.randn(10, 8, generator=gen)
+    whole.add(list(range(20, 40)), torch.cat([later, later]))
+    restored.add(list(range(20, 40)), torch.cat([later, later]))
+    assert all(torch.equal(a, b) for a, b in zip(whole.neighbour_lists()[1:],
+                                                    restored.neighbour_lists()[1:], strict=True))
+    lists = NeighbourLists(3, is_similarity=False)
+    block = torch.tensor([[0.0, -float("inf"), 2.0, float("nan"), 1.0]])
+    lists.update(torch.tensor([0]), block)
+    index, value = lists.lists(5)
+    assert index[0].tolist() == [4, 2, -1] and torch.isfinite(value[0, :2]).all()
 
 
 PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 40,

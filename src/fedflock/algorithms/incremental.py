@@ -76,7 +76,8 @@ from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
 SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
 AUTO_SKETCH_BYTES = 4 * 2**30  # `sketch: auto` sketches when full updates could exceed this
 AUTO_NEIGHBOUR_BYTES = 2**30  # `neighbours: auto` keeps lists when the matrix could exceed this
-MERGE_SAMPLE = 200  # members per community whose pairs estimate the merge test on a k-NN graph
+MERGE_SAMPLE = 4000  # members (all communities together) whose pairs estimate the merge test
+# on a k-NN graph: at most 200 per community, at least 20
 
 
 def neighbours_for(clients: int) -> int:
@@ -217,7 +218,8 @@ class Incremental(ClusteredAlgorithm):
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustering_seconds=round(seconds, 4), modularity=round(found.modularity, 4),
-                   cross_ratio=round(found.cross_ratio, 4), louvain_communities=len(found.parts),
+                   cross_ratio=round(cross_ratio(means(found.parts), found.parts), 4),
+                   louvain_communities=len(found.parts),
                    communities=len(merged))
         if len(merged) < 2:
             self.store.release()
@@ -241,9 +243,11 @@ class Incremental(ClusteredAlgorithm):
     def _graph(self) -> tuple[list[int], Any, Any, tuple[list[int], Any] | None]:
         """(clients seen, their graph, the `block_means` of a partition of them, the matrix
         a decision keeps). With neighbour lists the graph is their sparse k-NN graph, and the
-        merge test's mean weights are estimated from the pairs of up to MERGE_SAMPLE members of
-        each community (the same statistic as on the whole matrix, which a k-NN graph would
-        not give: its within/between edge densities differ by construction)."""
+        merge test's mean weights are estimated from the pairs of a sample of each community's
+        members (MERGE_SAMPLE in all, so its matrix stays small whatever Louvain found): the
+        statistic the whole matrix gives, which a k-NN graph would not (its within/between
+        edge densities differ by construction). For distances, each client's self-tuning
+        scale is the 7th distance its list has kept (at least the true 7th-nearest's)."""
         store = self.store
         if store.lists is None:
             clients, values = store.values()
@@ -256,7 +260,8 @@ class Incremental(ClusteredAlgorithm):
 
         def sampled_means(parts: list[list[int]]) -> Any:
             rng = np.random.default_rng(0)
-            picked = [sorted(rng.choice(part, min(len(part), MERGE_SAMPLE), replace=False))
+            each = max(20, min(200, MERGE_SAMPLE // len(parts)))
+            picked = [sorted(rng.choice(part, min(len(part), each), replace=False))
                       for part in parts]
             rows = [int(i) for part in picked for i in part]
             sub = affinity(store.among(rows).numpy(), store.is_similarity,

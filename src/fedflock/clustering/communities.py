@@ -9,7 +9,8 @@ large dense graphs; see `benchmarks/incremental_scale.py`).
 
 A graph is a dense (n, n) array or, for many clients, a SciPy sparse array: the k-nearest-
 neighbour graph (`knn_affinity`) of the neighbour lists the incremental store keeps instead of
-its n x n matrix. Everything here takes either.
+its n x n matrix. Louvain, modularity, `block_means` and `merge_close` take either; `affinity`
+builds a dense graph, `knn_affinity` a sparse one; `cross_ratio` reads `block_means`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ window is scored by the pseudo-F of the min-max bipartition of its cosine matrix
 structureless updates, large when the two parts point apart, see `split_stats`). Above
 `f_threshold` in `patience` windows in a row, fresh evidence each time, the cluster holds two
 groups and should split. No extra communication, no scale or round number in the decision.
-A window never holds more than `MAX_WINDOW` updates.
+A window never holds more than `MAX_WINDOW` updates: when more members reply in one round, an
+evenly spread subset of them (by client id) is taken.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedflock.client.task import Reply
@@ -54,6 +56,10 @@ class SplitWatch:
         """Take this round's updates of replying `clients`, computed at `model`; the
         statistics of the window when it closes (None while it is open)."""
         self.stability.observe(model)
+        if len(clients) > MAX_WINDOW:  # more replies than a window holds: an even subset
+            keep = np.linspace(0, len(clients) - 1, MAX_WINDOW).round().astype(int).tolist()
+            clients, updates = [clients[i] for i in keep], updates[keep]
+            examples = [examples[i] for i in keep]
         # a window begun while the model was settled runs to its end (the relative change of
         # a partially sampled cluster is noisy: re-testing each round would drop most windows)
         may_span = len(self.window) > 0 or self.stability.stable()

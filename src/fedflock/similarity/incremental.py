@@ -172,8 +172,9 @@ class IncrementalSimilarity:
         return values.fill_diagonal_(1.0 if self.is_similarity else 0.0)
 
     def release(self) -> None:
-        """Drop the stored updates and the matrix (the clients seen stay listed): once the
-        clustering is done neither memory nor checkpoints should carry them."""
+        """Drop the stored updates and the matrix or neighbour lists (the clients seen stay
+        listed): once the clustering is done neither memory nor checkpoints should carry
+        them."""
         self.updates = torch.empty(0, 0)
         self.sq = torch.empty(0, dtype=torch.float64)
         self.matrix = torch.empty(0, 0)
@@ -187,7 +188,7 @@ class IncrementalSimilarity:
                 "clients": list(self.clients),
                 "updates": self.updates[:n].clone(), "sq": self.sq[:n].clone(),
                 "matrix": self.matrix[:n, :n].clone(),  # empty once released
-                "lists": self.lists.state_dict() if self.lists is not None else None}
+                "lists": self.lists.state_dict(n) if self.lists is not None else None}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> IncrementalSimilarity:

@@ -48,7 +48,9 @@ class NeighbourLists:
         k = min(self.k, values.shape[1])
         top, where = torch.topk(values, k, dim=1, largest=self.is_similarity, sorted=True)
         chosen = torch.gather(index, 1, where)
-        chosen[~torch.isfinite(top)] = -1
+        unknown = ~torch.isfinite(top)
+        chosen[unknown] = -1
+        top[unknown] = self._worst()
         if k < self.k:  # fewer candidates than k: pad
             pad = self.k - k
             top = torch.cat([top, torch.full((len(top), pad), self._worst())], 1)
@@ -61,7 +63,8 @@ class NeighbourLists:
         n = block.shape[1]
         self.grow(n)
         worst = self._worst()
-        block = block.float().nan_to_num(nan=worst, posinf=float("inf"), neginf=-float("inf"))
+        # unknown values (NaN, or an infinity some measure gave) are never anyone's neighbour
+        block = torch.where(torch.isfinite(block), block.float(), worst)
         block[torch.arange(len(rows)), rows] = worst  # never one's own neighbour
         # everyone else: drop the stale entries, offer the new values (in chunks of rows, so
         # the candidates never take more than a few times the lists' own memory)
@@ -81,9 +84,11 @@ class NeighbourLists:
         """(neighbour indices, values) of the first n stored clients, best first."""
         return self.index[:n].clone(), self.value[:n].clone()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "is_similarity": self.is_similarity, "index": self.index,
-                "value": self.value}
+    def state_dict(self, n: int | None = None) -> dict[str, Any]:
+        """The lists of the first n clients (all rows held when None), copied."""
+        rows = slice(None) if n is None else slice(0, n)
+        return {"k": self.k, "is_similarity": self.is_similarity,
+                "index": self.index[rows].clone(), "value": self.value[rows].clone()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> NeighbourLists:
