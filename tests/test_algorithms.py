@@ -37,12 +37,27 @@ def test_cfl_splits_two_label_groups_into_a_partition(tmp_path: Path) -> None:
     assert flat == list(range(8))
     for split in summary["splits"]:  # every split partitions its parent's client ids
         parent = next(n for n in summary["tree"] if n["id"] == split["parent"])
-        assert sorted(split["members"][0] + split["members"][1]) == sorted(parent["members"])
-        assert split["pseudo_f"] > 3.5
+        assert sorted(c for part in split["members"] for c in part) == sorted(parent["members"])
+        assert split["kway_f"] > 3.5  # the statistic the default rule decides by
     assert (tmp_path / "cfl" / "splits" / "split_00.npz").is_file()
     # The matrices left memory when written: the checkpoint holds none.
     state = torch.load(tmp_path / "cfl" / "checkpoints" / "last.pt", weights_only=True)
     assert all(d["matrix"] is None for d in state["algorithm"]["decisions"])
+
+
+def test_cfl_splits_four_groups_at_once_into_the_cut_that_decided(tmp_path: Path) -> None:
+    """12 clients of 4 groups: the window's bipartition scores below the threshold (2.9), the
+    cut into the 4 groups above it (6.3); `split_into: cut` makes those 4 clusters at once."""
+    raw = _split_config(**{"data.clients": 12, "data.scenario.groups": 4, "rounds": 6,
+                           "data.samples_per_client": 100},
+                        algorithm=CFL_FAST | {"split_into": "cut", "warmup_rounds": 4})
+    summary = run_experiment(validate(raw), tmp_path / "cfl", quiet=True)
+    first = summary["splits"][0]
+    assert first["kway_k"] == 4 and len(first["children"]) == 4 and len(summary["splits"]) == 1
+    assert first["pseudo_f"] < 3.5 < first["kway_f"]
+    assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
+    root = next(n for n in summary["tree"] if n["parent"] is None)
+    assert sorted(root["children"]) == sorted(first["children"])
 
 
 def test_cfl_equals_fedavg_until_its_first_split(tmp_path: Path) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedflock.clustering import ParameterTree, bipartition, minmax_bipartition_reference
-from fedflock.clustering.split_stats import pseudo_f, split_stats
+from fedflock.clustering.split_stats import kway_pseudo_f, max_parts, pseudo_f, split_stats
 from fedflock.similarity import cosine_matrix, gram_matrix
 
 
@@ -87,6 +88,54 @@ def test_pseudo_f_is_near_one_without_structure_and_large_with_it() -> None:
     structured = _two_directions(20, 5000, noise=1.0, seed=1)
     sim2 = cosine_matrix(structured).numpy()
     assert pseudo_f(sim2, bipartition(sim2)) > 10
+
+
+def _cut_pseudo_f(sim: np.ndarray, parts: list[np.ndarray]) -> float:
+    n, k = len(sim), len(parts)
+    total = n - sim.sum() / n
+    within = sum(len(p) - sim[np.ix_(p, p)].sum() / len(p) for p in parts)
+    return ((total - within) / (k - 1)) / (within / (n - k))
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(3, 30), seed=st.integers(0, 2**32 - 1))
+def test_kway_pseudo_f_is_the_best_cut_of_the_merge_tree(m: int, seed: int) -> None:
+    """Against a direct computation: every cut of SciPy's tree into k parts, scored one by one."""
+    from scipy.cluster.hierarchy import fcluster
+
+    from fedflock.clustering.bipartition import merge_tree
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(m, 8)) + 2 * np.eye(4, 8)[rng.integers(0, 4, m)]
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sim = x @ x.T
+    tree = merge_tree(sim)
+    scores = {}
+    for k in range(2, max_parts(m) + 1):
+        labels = fcluster(tree, k, "maxclust")
+        if len(np.unique(labels)) == k:  # ties can make SciPy's cut coarser
+            scores[k] = _cut_pseudo_f(sim, [np.flatnonzero(labels == c) for c in np.unique(labels)])
+    best, best_k = kway_pseudo_f(sim)
+    assert best == pytest.approx(max(scores.values()), rel=1e-9)
+    assert scores[best_k] == pytest.approx(best, rel=1e-9)
+    assert best >= pseudo_f(sim, bipartition(sim)) * (1 - 1e-12)  # the bipartition is one cut
+
+
+def test_kway_pseudo_f_keeps_its_power_when_a_window_mixes_many_groups() -> None:
+    """16 updates of 8 groups, two each: the bipartition's pseudo-F cannot pass 3.5 even without
+    noise ((n - 2) / (K - 2) = 2.3); the best cut (into the 8 groups) stands far above it, while
+    structureless updates score about 1 on either statistic."""
+    rng = np.random.default_rng(0)
+    directions = rng.normal(size=(8, 5000))
+    groups = np.repeat(np.arange(8), 2)
+    updates = directions[groups] + 0.3 * rng.normal(size=(16, 5000))
+    sim = cosine_matrix(torch.from_numpy(updates)).numpy()
+    assert pseudo_f(sim, bipartition(sim)) < 3.0
+    best, k = kway_pseudo_f(sim)
+    assert best > 10 and k == 8
+    noise = cosine_matrix(torch.from_numpy(rng.normal(size=(60, 5000)))).numpy()
+    assert 0.8 < kway_pseudo_f(noise)[0] < 1.5
+    assert kway_pseudo_f(noise[:2, :2]) == (0.0, 2)
 
 
 def test_split_stats_on_two_groups_recovers_them() -> None:

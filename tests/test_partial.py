@@ -249,12 +249,12 @@ def test_cfl_gathers_a_window_over_rounds_once_its_model_has_settled() -> None:
     root = cfl._clusters[0].id
     cfl.aggregate_train(1, [_reply(0, a), _reply(1, a), _reply(5, b), _reply(6, b)])
     watch = cfl.watches[root]
-    assert len(watch.pseudo_f) == 1  # four replied: a window of one round
+    assert len(watch.scores) == 1  # four replied: a window of one round
     cfl.aggregate_train(2, [_reply(0, a), _reply(5, b)])  # too few, and the model unsettled:
-    assert len(watch.pseudo_f) == 1 and len(watch.window) == 0  # the window is dropped
+    assert len(watch.scores) == 1 and len(watch.window) == 0  # the window is dropped
     watch.stability.changes = [0.01] * 4  # settled: a window may now span rounds
     cfl.aggregate_train(3, [_reply(0, a), _reply(5, b)])
-    assert len(watch.pseudo_f) == 1 and len(watch.window) == 2 and not cfl.decisions
+    assert len(watch.scores) == 1 and len(watch.window) == 2 and not cfl.decisions
     cfl.aggregate_train(4, [_reply(2, a), _reply(7, b)])  # four members over two rounds
     assert len(cfl.decisions) == 1
     assert sorted(map(sorted, cfl.decisions[0].members)) == [[0, 2], [5, 7]]

@@ -68,6 +68,27 @@ def test_a_watch_splits_two_groups_from_windows_of_same_period_updates() -> None
     assert all(set(p) <= {0, 1, 2, 3} or set(p) <= {4, 5, 6, 7} for p in parts)
 
 
+def test_a_window_mixing_eight_groups_fires_on_the_best_cut_not_on_the_bipartition() -> None:
+    """16 updates of 8 groups a round: the bipartition's pseudo-F stays below the threshold
+    (its noise-free ceiling is 14 / 6), the best cut of the merge tree does not; the split
+    keeps every group whole, in two parts or in the cut's eight."""
+    gen = torch.Generator().manual_seed(2)
+    directions = list(torch.eye(50)[:8])
+    members = list(range(16))  # client c sends direction c // 2
+    watch = _settled_watch(patience=2)
+    exams = [watch.examine(members, MODEL, members, _updates(
+        [directions[c // 2] for c in members], gen), [10] * 16) for _ in range(2)]
+    assert all(e is not None and e.stats.pseudo_f < 3.5 for e in exams)
+    assert [watch.fires(e.stats.score("kway"), 3.5) for e in exams] == [False, True]
+    stats = exams[-1].stats
+    assert stats.kway_k == 8 and stats.kway_f > 3.5
+    cut = stats.split("kway", "cut")
+    assert sorted(cut) == [[2 * g, 2 * g + 1] for g in range(8)]
+    two = stats.split("kway", "two")
+    assert len(two) == 2 and all(all(c ^ 1 in part for c in part) for part in two)
+    assert stats.split("bipartition", "cut") == two  # the bipartition statistic cuts in two
+
+
 def test_a_watch_never_splits_a_cluster_without_structure_nor_spans_rounds_unsettled() -> None:
     gen = torch.Generator().manual_seed(1)
     common = torch.zeros(50)
@@ -77,8 +98,9 @@ def test_a_watch_never_splits_a_cluster_without_structure_nor_spans_rounds_unset
     for rnd in range(40):
         clients = [(2 * rnd) % 8, (2 * rnd + 1) % 8]
         exam = watch.examine(members, MODEL, clients, _updates([common, common], gen), [10, 10])
-        assert exam is None or not watch.fires(exam.stats.pseudo_f, 3.5)
-    assert len(watch.pseudo_f) == 20 and max(watch.pseudo_f) < 3.5
+        assert exam is None or not watch.fires(exam.stats.kway_f, 3.5)
+        assert exam is None or exam.stats.kway_f >= exam.stats.pseudo_f * (1 - 1e-9)
+    assert len(watch.scores) == 20 and max(watch.scores) < 3.5
     unsettled = SplitWatch(Stabilisation(2, 0.1), 0.5, 3)
     unsettled.stability.changes = [0.4, 0.3, 0.2, 0.1]  # still shrinking
     unsettled.stability.last = MODEL
@@ -100,6 +122,7 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
     raw = small_config(**PARTIAL, algorithm={"name": "incremental", "max_cross_ratio": 1e-3})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
     splits = summary["splits"]  # Louvain's communities were merged into one: no split there
-    assert len(splits) == 3 and all(s["rule"] == "recheck" for s in splits)
-    assert all(s["pseudo_f"] > 3.5 for s in splits)
+    assert splits and all(s["rule"] == "recheck" for s in splits)
+    assert all(s["kway_f"] > 3.5 for s in splits)  # the statistic the default decides by
+    assert all(len(s["children"]) == s["kway_k"] for s in splits)  # split into the cut
     assert summary["ari"] == 1.0 and summary["num_clusters"] == 4

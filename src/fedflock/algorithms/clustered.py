@@ -17,11 +17,24 @@ from collections import Counter
 from typing import Any
 
 import torch
+from pydantic import Field
 
-from fedflock.algorithms.base import Algorithm, AlgorithmContext, Cluster
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train
+from fedflock.clustering.split_stats import SplitInto, SplitStatistic
 
+
+class SplitTestParams(AlgorithmParams):
+    """What the windowed split test (`clustering.watch`) scores and how a cluster that fails it
+    is split; shared by the methods that keep examining their clusters."""
+
+    split_statistic: SplitStatistic = Field(
+        "kway", description="split test: kway: pseudo-F of the best cut of the min-max merge "
+        "tree into 2 to n/2 parts; bipartition: of its cut in two")
+    split_into: SplitInto = Field(
+        "cut", description="split test: cut: the parts of the cut the statistic scored; two: "
+        "the min-max bipartition (CFL's paper)")
 
 class ClusteredAlgorithm(Algorithm):
     def __init__(self, params: Any, context: AlgorithmContext) -> None:

@@ -27,10 +27,11 @@ split test CFL uses (`fedflock.clustering.watch.SplitWatch`): its members' updat
 in windows, each closed as soon as it holds updates of `window_coverage` of the members (one
 round under full participation; several only once the cluster's own model has stabilised, by
 the test above counted on the cluster's own rounds), and each scored by the scale-free pseudo-F
-of the min-max bipartition of their cosine matrix. Above `f_threshold` in `patience` windows in
-a row, the cluster splits in two (recorded in `splits` with the statistic that decided it, like
-CFL's); members that sent nothing in the deciding window wait with the parent model and are
-then placed like newcomers, but only among the parent's heirs. So an under-split (two groups
+of the best cut of the min-max merge tree of their cosine matrix (`split_statistic`, as CFL's).
+Above `f_threshold` in `patience` windows in a row, the cluster splits in two (recorded in
+`splits` with the statistic that decided it, like CFL's); members that sent nothing in the
+deciding window wait with the parent model and are then placed like newcomers, but only among
+the parent's heirs. So an under-split (two groups
 Louvain left together, or a clustering done too early) is repaired by later splits, while a
 cluster without structure scores about 1 and stays whole.
 
@@ -53,8 +54,8 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
-from fedflock.algorithms.clustered import ClusteredAlgorithm
+from fedflock.algorithms.base import Cluster, Decision
+from fedflock.algorithms.clustered import ClusteredAlgorithm, SplitTestParams
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Select
@@ -69,6 +70,7 @@ from fedflock.clustering.communities import (
     merge_close,
     modularity,
 )
+from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatches
 from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
@@ -88,7 +90,7 @@ def neighbours_for(clients: int) -> int:
     return max(SELF_TUNING_NEIGHBOUR, math.ceil(3 * math.log(max(clients, 2))))
 
 
-class IncrementalParams(AlgorithmParams):
+class IncrementalParams(SplitTestParams):
     similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
         "cosine", description="measure between the stored latest updates")
     warmup_rounds: int = Field(10, ge=1, description="rounds of FedAvg before clustering")
@@ -284,22 +286,26 @@ class Incremental(ClusteredAlgorithm):
         if found is None:
             return None
         held = found.window.clients
-        diag.update(pseudo_f=round(found.stats.pseudo_f, 4), examined=len(held))
-        if not watch.fires(found.stats.pseudo_f, p.f_threshold):
+        diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
+                    kway_f=round(found.stats.kway_f, 4), examined=len(held))
+        if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold):
             return None
-        parts = [[held[i] for i in part] for part in found.stats.parts]
-        self.record(Decision("split", rnd, cluster.id, [self._next_id, self._next_id + 1],
+        positions = found.stats.split(p.split_statistic, p.split_into)
+        parts = [[held[i] for i in part] for part in positions]
+        children = list(range(self._next_id, self._next_id + len(parts)))
+        self.record(Decision("split", rnd, cluster.id, children,
                              parts, {"rule": "recheck", **found.stats.figures(),
                                      "examined": len(held), "members": len(cluster.members)},
                              (held, found.window.similarity)))
         self.watches.drop(cluster.id)
-        self.children[cluster.id] = [self._next_id, self._next_id + 1]
+        self.children[cluster.id] = children
         return parts
 
     def thresholds(self) -> list[dict[str, Any]]:
         if not self.params.recheck:
             return []
-        return [{"statistic": "pseudo_f", "value": self.params.f_threshold,
+        return [{"statistic": SCORE_FIGURE[self.params.split_statistic],
+                 "value": self.params.f_threshold,
                  "label": "split threshold"}]
 
     # -- clients never seen before clustering --------------------------------------------------

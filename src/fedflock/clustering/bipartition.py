@@ -17,21 +17,26 @@ import numpy as np
 Linkage = Literal["single", "complete"]
 
 
-def bipartition(similarity: np.ndarray, linkage: Linkage = "single") -> tuple[list[int], list[int]]:
-    """Split indices 0..M-1 into two non-empty parts; the part holding index 0 comes first."""
+def merge_tree(similarity: np.ndarray, linkage: Linkage = "single") -> np.ndarray:
+    """SciPy's linkage matrix of the items, at distance 1 - similarity (symmetrised)."""
     sim = np.asarray(similarity, dtype=np.float64)
-    m = len(sim)
-    if m < 2:
+    if len(sim) < 2:
         raise ValueError("a bipartition needs at least two items")
     # SciPy is imported here, not at module level: a ClientApp process imports the algorithms
     # (for config validation) and must not pay for what only a server runs.
     from scipy.cluster.hierarchy import linkage as scipy_linkage
-    from scipy.cluster.hierarchy import to_tree
     from scipy.spatial.distance import squareform
 
     distance = 1.0 - (sim + sim.T) / 2.0
     np.fill_diagonal(distance, 0.0)
-    tree = to_tree(scipy_linkage(squareform(np.clip(distance, 0.0, None), checks=False), linkage))
+    return scipy_linkage(squareform(np.clip(distance, 0.0, None), checks=False), linkage)
+
+
+def bipartition(similarity: np.ndarray, linkage: Linkage = "single") -> tuple[list[int], list[int]]:
+    """Split indices 0..M-1 into two non-empty parts; the part holding index 0 comes first."""
+    from scipy.cluster.hierarchy import to_tree
+
+    tree = to_tree(merge_tree(similarity, linkage))
     left = sorted(tree.get_left().pre_order())
     right = sorted(tree.get_right().pre_order())
     return (left, right) if 0 in left else (right, left)

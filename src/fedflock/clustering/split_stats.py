@@ -7,16 +7,36 @@
 - `pseudo_f`: the Calinski-Harabasz ratio of the bipartition computed on unit-normalised updates
   from the cosine matrix alone. It is scale-free: about 1 for structureless updates whatever
   their norms, large when the two parts point in different directions.
+- `kway_f` (at `kway_k` parts): the largest Calinski-Harabasz ratio over the cuts of the same
+  merge tree into k = 2, 3, ... parts. The bipartition's ratio loses its power when one window
+  mixes many groups: n unit updates spread evenly over K orthogonal directions give it
+  (n - 2) / (K - 2) even without noise (1.0 for 8 updates of 8 groups), while the cut into the K
+  groups has no within-part scatter at all. For structureless updates every cut scores about 1
+  (between and within scatter per degree of freedom are the same), so the threshold keeps its
+  meaning. k stops at n / 2 (`max_parts`): the within-part scatter then has at least as many
+  degrees of freedom (n - k) as there are parts. Near n parts it would rest on the few closest
+  pairs, selected from the noise, and the ratio inflates: a feature-skew window of 32 updates
+  scored 3.6 at k = 29 (28 singletons) and split into them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 
-from fedflock.clustering.bipartition import Linkage, bipartition
+from fedflock.clustering.bipartition import Linkage, merge_tree
+
+SplitStatistic = Literal["kway", "bipartition"]
+SplitInto = Literal["two", "cut"]
+SCORE_FIGURE = {"kway": "kway_f", "bipartition": "pseudo_f"}  # the figure each one decides by
+
+
+def max_parts(n: int) -> int:
+    """The most parts `kway_pseudo_f` scores a cut of n items into."""
+    return max(2, n // 2)
 
 
 @dataclass
@@ -30,11 +50,25 @@ class SplitStats:
     pseudo_f: float
     mean_norm: float
     max_norm: float
+    kway_f: float
+    kway_k: int
+    kway_parts: list[list[int]]  # the cut that scored kway_f (positions into the rows given)
 
     def figures(self) -> dict[str, float]:
         out = asdict(self)
         out.pop("parts")
+        out.pop("kway_parts")
         return {k: round(float(v), 6) for k, v in out.items()}
+
+    def score(self, statistic: SplitStatistic) -> float:
+        """The figure a split decision compares with its threshold."""
+        return float(getattr(self, SCORE_FIGURE[statistic]))
+
+    def split(self, statistic: SplitStatistic, into: SplitInto) -> list[list[int]]:
+        """The parts a split makes: the min-max bipartition, or the cut `statistic` scored."""
+        if into == "cut" and statistic == "kway":
+            return [list(p) for p in self.kway_parts]
+        return [list(p) for p in self.parts]
 
 
 def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> float:
@@ -49,14 +83,67 @@ def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> floa
     return float(between / (within / (n - 2)))
 
 
+def kway_pseudo_f(similarity: np.ndarray, linkage: Linkage = "single") -> tuple[float, int]:
+    """(largest pseudo-F, its number of parts) over the cuts of the merge tree into k parts,
+    2 <= k <= `max_parts(n)`. O(n^2) from the tree."""
+    sim = np.asarray(similarity, dtype=np.float64)
+    return _best_cut(sim, merge_tree(sim, linkage)) if len(sim) > 2 else (0.0, 2)
+
+
+def cut_parts(tree: np.ndarray, k: int) -> list[list[int]]:
+    """The k parts left after the first n - k merges of a SciPy linkage matrix (ordered by
+    their smallest item)."""
+    n = len(tree) + 1
+    members: list[list[int]] = [[i] for i in range(n)]
+    alive = set(range(n))
+    for a, b, _, _ in tree[: n - k]:
+        a, b = int(a), int(b)
+        members.append(members[a] + members[b])
+        alive -= {a, b}
+        alive.add(len(members) - 1)
+    return sorted((sorted(members[i]) for i in alive), key=lambda p: p[0])
+
+
+def _best_cut(sim: np.ndarray, tree: np.ndarray) -> tuple[float, int]:
+    sim = (sim + sim.T) / 2.0
+    n = len(sim)
+    if n <= 2:
+        return 0.0, 2
+    members: list[list[int]] = [[i] for i in range(n)]
+    sums = list(np.diag(sim))  # sum of the similarity block of each tree node
+    scatter = [0.0] * n  # within-node scatter: size - block sum / size (unit vectors)
+    added = np.empty(n - 1)  # within scatter each merge adds
+    for t, (a, b, _, _) in enumerate(tree):
+        a, b = int(a), int(b)
+        merged = members[a] + members[b]
+        block = sums[a] + sums[b] + 2.0 * sim[np.ix_(members[a], members[b])].sum()
+        members.append(merged)
+        sums.append(block)
+        scatter.append(len(merged) - block / len(merged))
+        added[t] = scatter[-1] - scatter[a] - scatter[b]
+    total = scatter[-1]
+    # k parts remain after n - k merges: their within scatter is the sum of the first n - k adds
+    within_after = np.cumsum(added)
+    best, best_k = 0.0, 2
+    for k in range(2, max_parts(n) + 1):
+        within = within_after[n - k - 1]
+        if within <= 1e-12:
+            return math.inf, k
+        value = ((total - within) / (k - 1)) / (within / (n - k))
+        if value > best:
+            best, best_k = float(value), k
+    return best, best_k
+
+
 def split_stats(gram: np.ndarray, weights: np.ndarray, similarity: np.ndarray,
                 linkage: Linkage = "single") -> SplitStats:
     """Statistics of the best bipartition of one cluster, from the Gram matrix of its updates
     (rows in the same order as `similarity`) and the clients' example counts."""
     gram = np.asarray(gram, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
-    parts = bipartition(similarity, linkage)
-    a, b = parts
+    tree = merge_tree(similarity, linkage)
+    a, b = cut_parts(tree, 2)  # the min-max bipartition (`bipartition`'s cut)
+    parts = (a, b)
     intra = np.concatenate(
         [similarity[np.ix_(p, p)][~np.eye(len(p), dtype=bool)] for p in parts]
     )
@@ -72,6 +159,7 @@ def split_stats(gram: np.ndarray, weights: np.ndarray, similarity: np.ndarray,
     alpha_cross_max = float(similarity[np.ix_(a, b)].max())
     alpha_intra_min = float(intra.min()) if intra.size else 1.0
     wn = w / w.sum()
+    kway_f, kway_k = _best_cut(np.asarray(similarity, dtype=np.float64), tree)
     return SplitStats(
         parts=parts,
         alpha_intra_min=alpha_intra_min,
@@ -82,4 +170,7 @@ def split_stats(gram: np.ndarray, weights: np.ndarray, similarity: np.ndarray,
         pseudo_f=pseudo_f(similarity, parts),
         mean_norm=float(np.sqrt(max(wn @ gram @ wn, 0.0))),
         max_norm=float(np.sqrt(sq_norms.max())),
+        kway_f=kway_f,
+        kway_k=kway_k,
+        kway_parts=cut_parts(tree, kway_k),
     )

@@ -5,10 +5,11 @@ closes as soon as it holds updates of `coverage` of the members (at least `min_s
 under full participation (then this is exactly CFL's same-round test), the fewest rounds that
 reach the coverage otherwise, and those only once the cluster's own model has settled
 (`Stabilisation`), so that the updates of a window differ by data more than by age. Each closed
-window is scored by the pseudo-F of the min-max bipartition of its cosine matrix (about 1 for
-structureless updates, large when the two parts point apart, see `split_stats`). Above
-`f_threshold` in `patience` windows in a row, fresh evidence each time, the cluster holds two
-groups and should split. No extra communication, no scale or round number in the decision.
+window is scored by a pseudo-F of its cosine matrix's min-max merge tree (about 1 for
+structureless updates, large when parts point apart, see `split_stats`; the algorithm says
+which cut it scores). Above `f_threshold` in `patience` windows in a row, fresh evidence each
+time, the cluster holds groups and should split. No extra communication, no scale or round
+number in the decision.
 A window never holds more than `MAX_WINDOW` updates: when more members reply in one round, an
 evenly spread subset of them (by client id) is taken.
 """
@@ -44,7 +45,7 @@ class SplitWatch:
     coverage: float
     min_size: int
     window: UpdateWindow = field(default_factory=UpdateWindow)
-    pseudo_f: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # each closed window's statistic
 
     def needed(self, members: int) -> int:
         return min(members, MAX_WINDOW,
@@ -70,20 +71,20 @@ class SplitWatch:
         return Examination(window, split_stats(window.gram.numpy(), window.examples,
                                                window.similarity, linkage))
 
-    def fires(self, pseudo_f: float, threshold: float) -> bool:
-        """Count one window's pseudo-F; True after `patience` windows above `threshold`."""
-        self.pseudo_f.append(pseudo_f)
-        recent = self.pseudo_f[-self.stability.patience :]
+    def fires(self, score: float, threshold: float) -> bool:
+        """Count one window's statistic; True after `patience` windows above `threshold`."""
+        self.scores.append(score)
+        recent = self.scores[-self.stability.patience :]
         return len(recent) == self.stability.patience and min(recent) > threshold
 
     def state_dict(self) -> dict[str, Any]:
         return {"changes": list(self.stability.changes), "last": self.stability.last,
-                "pseudo_f": list(self.pseudo_f), "window": self.window.state_dict()}
+                "scores": list(self.scores), "window": self.window.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stability.changes = list(state["changes"])
         self.stability.last = state["last"]
-        self.pseudo_f = list(state["pseudo_f"])
+        self.scores = list(state["scores"] if "scores" in state else state["pseudo_f"])
         self.window = UpdateWindow.from_state(state["window"])
 
 

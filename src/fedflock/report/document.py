@@ -34,9 +34,9 @@ CAPTIONS = {
              "averaged update vanishes while individual clients still move; the lower panel is "
              "the pseudo-F statistic of the best bipartition that the automatic rule tests.",
     "split": "Cosine similarity of the clients' weight updates when the cluster split; rows and "
-             "columns are ordered by the two resulting parts (black lines) and the side strips "
+             "columns are ordered by the resulting parts (black lines) and the side strips "
              "show each client's true group.",
-    "tree": "The cluster tree: every split of a cluster into two children; leaves are the final "
+    "tree": "The cluster tree: every split of a cluster into its children; leaves are the final "
             "clusters, coloured by their majority true group with its share (purity).",
     "compare": "Test accuracy per round for each algorithm: the line is the mean over seeds, "
                "the band spans the minimum to the maximum over seeds; left the mean over "
@@ -139,9 +139,10 @@ def splits_table(run: RunData) -> str:
                      " + ".join(map(str, sp.get("sizes") or [])),
                      *(plots.fmt_number(sp.get(k)) for k in (
                          "alpha_intra_min", "alpha_cross_max", "gap", "gamma_max", "gamma_bound",
-                         "pseudo_f", "mean_norm", "max_norm", "modularity"))])
+                         "pseudo_f", "kway_f", "mean_norm", "max_norm", "modularity"))])
     return _table(["#", "round", "cluster → children", "sizes", "α intra min", "α cross max",
-                   "gap", "γ max", "γ bound", "pseudo-F", "‖mean Δ‖", "max ‖Δ‖", "modularity"],
+                   "gap", "γ max", "γ bound", "pseudo-F (2 parts)", "pseudo-F (best k)",
+                   "‖mean Δ‖", "max ‖Δ‖", "modularity"],
                   rows)
 
 

@@ -170,9 +170,22 @@ def _thresholds(run: RunData, statistic: str) -> list[tuple[str, float]]:
     return out
 
 
+SPLIT_FIGURES = {"kway_f": "pseudo-F of the best cut of the merge tree",
+                 "pseudo_f": "pseudo-F of best bipartition"}
+
+
+def split_figure(run: RunData) -> str:
+    """The split statistic the run's threshold is on (older runs: the bipartition's)."""
+    named = [t.get("statistic") for t in run.summary.get("thresholds") or []
+             if isinstance(t, dict)]
+    return next((s for s in named if s in SPLIT_FIGURES), "pseudo_f")
+
+
 def norm_series(run: RunData) -> dict[int, dict[str, list[float]]]:
-    """Cluster id -> {round, mean, max, pseudo_f} lists, from the per-round cluster records."""
+    """Cluster id -> {round, mean, max, f} lists, from the per-round cluster records (f: the
+    split statistic the run decides by)."""
     out: dict[int, dict[str, list[float]]] = {}
+    figure = split_figure(run)
     for rec in run.metrics:
         for cl in rec.get("clusters") or []:
             if not isinstance(cl, dict) or "id" not in cl:
@@ -184,7 +197,7 @@ def norm_series(run: RunData) -> dict[int, dict[str, list[float]]]:
                 row["round"].append(rec["round"])
                 row["mean"].append(mean)
                 row["max"].append(top)
-            f = finite(cl.get("pseudo_f"))
+            f = finite(cl.get(figure))
             if f is not None:
                 row["f_round"].append(rec["round"])
                 row["f"].append(f)
@@ -235,12 +248,12 @@ def plot_norms(run: RunData, path: Path) -> Path | None:
             for i, s in enumerate(series.values()):
                 fax.plot(s["f_round"], s["f"], color=colour(i), linewidth=1.6, marker=marker,
                          markersize=3)
-            for label, threshold in _thresholds(run, "pseudo_f"):
+            for label, threshold in _thresholds(run, split_figure(run)):
                 fax.axhline(threshold, color="0.3", linestyle="-.", linewidth=1.0)
                 fax.legend(handles=[Line2D([], [], color="0.3", linestyle="-.", linewidth=1.0,
                                            label=f"{label} {threshold:g}")],
                            loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-            fax.set(ylabel="pseudo-F of best bipartition")
+            fax.set(ylabel=SPLIT_FIGURES[split_figure(run)])
             fax.set_ylim(bottom=0)
         axes[-1].set_xlabel("communication round")
         _integer_rounds(axes[-1])
