@@ -58,6 +58,10 @@ def test_cfl_splits_four_groups_at_once_into_the_cut_that_decided(tmp_path: Path
     assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
     root = next(n for n in summary["tree"] if n["parent"] is None)
     assert sorted(root["children"]) == sorted(first["children"])
+    # a cut that would pass max_clusters falls back to the bipartition
+    raw["algorithm"]["max_clusters"] = 2
+    capped = run_experiment(validate(raw), tmp_path / "capped", quiet=True)
+    assert capped["num_clusters"] == 2 and len(capped["splits"][0]["children"]) == 2
 
 
 def test_cfl_equals_fedavg_until_its_first_split(tmp_path: Path) -> None:

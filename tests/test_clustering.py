@@ -91,10 +91,29 @@ def test_pseudo_f_is_near_one_without_structure_and_large_with_it() -> None:
 
 
 def _cut_pseudo_f(sim: np.ndarray, parts: list[np.ndarray]) -> float:
-    n, k = len(sim), len(parts)
-    total = n - sim.sum() / n
-    within = sum(len(p) - sim[np.ix_(p, p)].sum() / len(p) for p in parts)
+    n, k, diag = len(sim), len(parts), np.diag(sim)
+    total = diag.sum() - sim.sum() / n
+    within = sum(diag[p].sum() - sim[np.ix_(p, p)].sum() / len(p) for p in parts)
     return ((total - within) / (k - 1)) / (within / (n - k))
+
+
+def test_kway_pseudo_f_scores_a_zero_update_as_it_is_and_identical_ones_as_no_groups() -> None:
+    """A zero update has a 0 on the cosine diagonal: it adds no scatter of its own (the score
+    is the cut's, scored directly); updates all alike hold no groups (0, not 0/0 = inf)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(12, 30))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[5] = 0.0
+    sim = x @ x.T
+    best, k = kway_pseudo_f(sim)
+    from fedflock.clustering.bipartition import merge_tree
+    from fedflock.clustering.split_stats import cut_parts
+
+    parts = [np.array(p) for p in cut_parts(merge_tree(sim), k)]
+    assert best == pytest.approx(_cut_pseudo_f(sim, parts), rel=1e-9)
+    same = np.ones((6, 6))
+    assert kway_pseudo_f(same) == (0.0, 2)
+    assert pseudo_f(same, bipartition(same)) == 0.0
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,8 +1,9 @@
 """Clustered Federated Learning (Sattler, Müller, Samek, arXiv 1910.01991).
 
 Server logic: FedAvg per cluster; when a cluster's clients stop agreeing (see the split rules),
-bipartition it by the min-max cut of the cosine similarity of their weight-updates, record the
-split in the parameter tree, and continue recursively in each part.
+split it along the min-max merge tree of the cosine similarity of their weight-updates (the
+paper: its bipartition), record the split in the parameter tree, and continue recursively in
+each part.
 
 Split rules (`split_rule`):
 - `auto` (default, needs no tuning): a Calinski-Harabasz pseudo-F computed from the cosine
@@ -10,8 +11,9 @@ Split rules (`split_rule`):
   `patience` windows. The statistic is scale-free (about 1 for structureless updates, whatever
   their norms), so one threshold serves every dataset and model. `split_statistic: kway`
   (default) scores the best cut of the min-max merge tree into any number of parts,
-  `bipartition` only its cut in two (the rule before; it cannot exceed (n - 2) / (K - 2) for n
-  updates of K groups, so a window mixing many groups never split, see `split_stats`). The
+  `bipartition` only its cut in two (the rule before; for n noise-free updates spread evenly
+  over K orthogonal groups it equals (n - 2) / (K - 2), so a window mixing many groups never
+  split, see `split_stats`). The
   cluster then splits into the parts of the cut that scored (`split_into: cut`, default): a
   departure from the paper's recursive bipartition (`split_into: two`), which needs `patience`
   fresh windows per level and, at 5-20% participation, ran out of rounds with 6 of 8 groups
@@ -139,13 +141,15 @@ class CFL(ClusteredAlgorithm):
         if not self._fires(watch, stats):
             return None
         if gamma_check and not stats.gamma_max < stats.gamma_bound:
-            return None
+            return None  # (gamma and alpha describe the bipartition: with the check on, it is made)
         if p.max_clusters is not None and len(self._clusters) >= p.max_clusters:
             return None
         self.watches.drop(cluster.id)
         members = window.clients
-        positions = (stats.split(p.split_statistic, p.split_into) if p.split_rule == "auto"
-                     else [list(part) for part in stats.parts])  # eps: the paper's rule whole
+        positions = stats.split(p.split_statistic, p.split_into)
+        room = None if p.max_clusters is None else p.max_clusters - len(self._clusters) + 1
+        if p.split_rule == "eps" or gamma_check or (room is not None and len(positions) > room):
+            positions = [list(part) for part in stats.parts]  # the paper's bipartition
         parts = [[members[i] for i in part] for part in positions]
         children = list(range(self._next_id, self._next_id + len(parts)))
         self.param_tree.record_split(

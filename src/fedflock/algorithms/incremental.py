@@ -28,7 +28,7 @@ in windows, each closed as soon as it holds updates of `window_coverage` of the 
 round under full participation; several only once the cluster's own model has stabilised, by
 the test above counted on the cluster's own rounds), and each scored by the scale-free pseudo-F
 of the best cut of the min-max merge tree of their cosine matrix (`split_statistic`, as CFL's).
-Above `f_threshold` in `patience` windows in a row, the cluster splits in two (recorded in
+Above `f_threshold` in `patience` windows in a row, the cluster splits into that cut (recorded in
 `splits` with the statistic that decided it, like CFL's); members that sent nothing in the
 deciding window wait with the parent model and are then placed like newcomers, but only among
 the parent's heirs. So an under-split (two groups
@@ -162,7 +162,7 @@ class Incremental(ClusteredAlgorithm):
         self.clustered_round: int | None = None
         self._offered: dict[int, list[int]] = {}
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
-        self.children: dict[int, list[int]] = {}  # cluster -> the two it split into (recheck)
+        self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
 
     def _sketch_size(self) -> int | None:

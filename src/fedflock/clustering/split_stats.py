@@ -9,8 +9,8 @@
   their norms, large when the two parts point in different directions.
 - `kway_f` (at `kway_k` parts): the largest Calinski-Harabasz ratio over the cuts of the same
   merge tree into k = 2, 3, ... parts. The bipartition's ratio loses its power when one window
-  mixes many groups: n unit updates spread evenly over K orthogonal directions give it
-  (n - 2) / (K - 2) even without noise (1.0 for 8 updates of 8 groups), while the cut into the K
+  mixes many groups: n noise-free unit updates spread evenly over K orthogonal directions give
+  it exactly (n - 2) / (K - 2) (1.0 for 8 updates of 8 groups), while the cut into the K
   groups has no within-part scatter at all. For structureless updates every cut scores about 1
   (between and within scatter per degree of freedom are the same), so the threshold keeps its
   meaning. k stops at n / 2 (`max_parts`): the within-part scatter then has at least as many
@@ -55,10 +55,11 @@ class SplitStats:
     kway_parts: list[list[int]]  # the cut that scored kway_f (positions into the rows given)
 
     def figures(self) -> dict[str, float]:
+        """The JSON figures of a decision (alpha, gap and gamma describe the bipartition)."""
         out = asdict(self)
         out.pop("parts")
         out.pop("kway_parts")
-        return {k: round(float(v), 6) for k, v in out.items()}
+        return {k: v if isinstance(v, int) else round(float(v), 6) for k, v in out.items()}
 
     def score(self, statistic: SplitStatistic) -> float:
         """The figure a split decision compares with its threshold."""
@@ -75,9 +76,12 @@ def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> floa
     n = len(similarity)
     if n <= 2:
         return 0.0
-    total = n - similarity.sum() / n
-    within = sum(len(p) - similarity[np.ix_(p, p)].sum() / len(p) for p in parts)
+    diag = np.diag(similarity)  # 1 for unit updates, 0 for a zero one
+    total = diag.sum() - similarity.sum() / n
+    within = sum(diag[p].sum() - similarity[np.ix_(p, p)].sum() / len(p) for p in parts)
     between = total - within
+    if total <= 1e-12:
+        return 0.0  # no scatter at all: identical updates hold no groups
     if within <= 1e-12:
         return math.inf
     return float(between / (within / (n - 2)))
@@ -111,7 +115,8 @@ def _best_cut(sim: np.ndarray, tree: np.ndarray) -> tuple[float, int]:
         return 0.0, 2
     members: list[list[int]] = [[i] for i in range(n)]
     sums = list(np.diag(sim))  # sum of the similarity block of each tree node
-    scatter = [0.0] * n  # within-node scatter: size - block sum / size (unit vectors)
+    traces = list(np.diag(sim))  # squared norms in the node (1 each for unit vectors)
+    scatter = [0.0] * n  # within-node scatter: trace - block sum / size
     added = np.empty(n - 1)  # within scatter each merge adds
     for t, (a, b, _, _) in enumerate(tree):
         a, b = int(a), int(b)
@@ -119,9 +124,12 @@ def _best_cut(sim: np.ndarray, tree: np.ndarray) -> tuple[float, int]:
         block = sums[a] + sums[b] + 2.0 * sim[np.ix_(members[a], members[b])].sum()
         members.append(merged)
         sums.append(block)
-        scatter.append(len(merged) - block / len(merged))
+        traces.append(traces[a] + traces[b])
+        scatter.append(traces[-1] - block / len(merged))
         added[t] = scatter[-1] - scatter[a] - scatter[b]
     total = scatter[-1]
+    if total <= 1e-12:
+        return 0.0, 2  # no scatter at all: identical updates hold no groups
     # k parts remain after n - k merges: their within scatter is the sum of the first n - k adds
     within_after = np.cumsum(added)
     best, best_k = 0.0, 2

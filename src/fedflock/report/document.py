@@ -32,7 +32,8 @@ CAPTIONS = {
     "norms": "Split diagnostics per cluster: norm of the cluster's averaged update (solid) and "
              "the largest single-client update norm (dashed). CFL splits a cluster once the "
              "averaged update vanishes while individual clients still move; the lower panel is "
-             "the pseudo-F statistic of the best bipartition that the automatic rule tests.",
+             "the pseudo-F statistic the automatic rule tests (of the best cut of the merge "
+             "tree, or of its bipartition).",
     "split": "Cosine similarity of the clients' weight updates when the cluster split; rows and "
              "columns are ordered by the resulting parts (black lines) and the side strips "
              "show each client's true group.",
