@@ -212,7 +212,7 @@ def test_cfl_splits_under_partial_participation_and_places_everyone(tmp_path: Pa
     summary = _run(tmp_path, "cfl", algorithm={"name": "cfl"})
     assert summary["ari"] == 1.0
     assert sorted(c for part in summary["clusters"] for c in part) == list(range(40))
-    # the first split used only the members that replied in that round
+    # the first split used only the members in its window, not the absent ones
     first = summary["splits"][0]
     assert sum(first["sizes"]) < 40
 

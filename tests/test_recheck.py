@@ -111,6 +111,27 @@ def test_a_watch_never_splits_a_cluster_without_structure_nor_spans_rounds_unset
     assert whole is not None  # a window of one round needs no settled model
 
 
+def test_rounds_with_a_single_reply_neither_add_to_nor_drop_a_window() -> None:
+    """One reply a round: the cluster model is the last client's, so the next update says
+    how two clients differ, not how one does; such rounds leave the window as it is."""
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.zeros(50), torch.zeros(50)
+    a[0], b[1] = 1.0, 1.0
+    members = list(range(8))
+    watch = _settled_watch()
+    for client in range(8):  # one reply a round, for long enough to fill several windows
+        direction = a if client < 4 else b
+        assert watch.examine(members, MODEL, [client], _updates([direction], gen), [10]) is None
+    assert len(watch.window) == 0
+    assert watch.examine(members, MODEL, [0, 4], _updates([a, b], gen), [10, 10]) is None
+    changes = len(watch.stability.changes)
+    assert watch.examine(members, MODEL * 1.01, [1], _updates([a], gen), [10]) is None
+    assert len(watch.stability.changes) == changes + 1  # the model's settling still tracked
+    assert sorted(watch.window.updates) == [0, 4]  # the open window kept, nothing added
+    exam = watch.examine(members, MODEL, [2, 5], _updates([a, b], gen), [10, 10])
+    assert exam is not None and exam.window.clients == [0, 2, 4, 5]
+
+
 PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
            "data.samples_per_client": 60, "participation.fraction": 0.25,
            "training.local_epochs": 2, "model.hidden": [64], "checkpoint_every": 20}

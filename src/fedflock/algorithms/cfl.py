@@ -24,17 +24,19 @@ Both require a cluster of at least `min_cluster_size` clients (the paper: more t
 `warmup_rounds` rounds of FedAvg.
 
 Partial participation. The statistics are computed on a window of the cluster's members' updates
-(`fedflock.clustering.watch`, shared with incremental clustering's re-examination): the replies
-of one round when at least `window_coverage` of the members (and `min_replies`) replied — under
-full participation always, the paper's same-round updates — otherwise the fewest consecutive
-rounds that gather that many distinct members (a member replying again replaces its earlier
-update), which is allowed only once the cluster's own model has stabilised (its relative change
-stopped shrinking, as incremental clustering tests it), since updates of different rounds also
-differ by age. A client that sent nothing in the window is never given a row (no imputed
-similarity). Each closed window is one observation for `patience`; an open one neither advances
-nor resets it. (A window of `min_replies` = 5 updates, which was the rule before, scores a
-bipartition of 5 points: noise when the cluster mixes several groups; at 5-7% participation CFL
-then never split.) When a cluster splits, the members
+(`fedflock.clustering.watch`, shared with incremental clustering's re-examination, with the
+same default): the replies of one round when at least `window_coverage` (half) of the members
+(and `min_replies`) replied — under full participation always, the paper's same-round updates —
+otherwise the fewest consecutive rounds that gather that many distinct members (a member
+replying again replaces its earlier update), which is allowed only once the cluster's own model
+has stabilised (its relative change stopped shrinking, as incremental clustering tests it),
+since updates of different rounds also differ by age. A client that sent nothing in the window
+is never given a row (no imputed similarity). Each closed window is one observation for
+`patience`; an open one neither advances nor resets it. (Windows of `min_replies` = 5 updates,
+the default before, cannot show more than 2 parts: with 2-5 replies a round from 4-7 groups CFL
+never split on the scenario grid; half the members fixed 4 of those 5 cells and no IID cell
+split, README *Scenario grid*. A round with a single reply adds nothing to a window: see
+`clustering.watch`.) When a cluster splits, the members
 absent from the window wait with the parent model and are routed by the parameter tree the next
 time they are sampled: they train the waiting model, their update follows the most similar edge
 (one tree level per participation; the update is not averaged, it was computed on another
@@ -77,7 +79,7 @@ class CFLParams(SplitTestParams):
     min_cluster_size: int = Field(3, ge=2, description="smallest cluster considered for a split")
     min_replies: int = Field(5, ge=2, description="fewest distinct members' updates in a "
                              "window")
-    window_coverage: float = Field(0.0, ge=0, le=1, description="share of a cluster's members "
+    window_coverage: float = Field(0.5, ge=0, le=1, description="share of a cluster's members "
                                    "whose updates a window needs besides min_replies (one round "
                                    "when that many reply)")
     stable_tol: float = Field(0.1, gt=0, lt=1, description="windows may span rounds once the "

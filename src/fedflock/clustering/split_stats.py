@@ -68,8 +68,8 @@ class SplitStats:
     def split(self, statistic: SplitStatistic, into: SplitInto) -> list[list[int]]:
         """The parts a split makes: the min-max bipartition, or the cut `statistic` scored."""
         if into == "cut" and statistic == "kway":
-            return [list(p) for p in self.kway_parts]
-        return [list(p) for p in self.parts]
+            return self.kway_parts
+        return list(self.parts)
 
 
 def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> float:
@@ -96,7 +96,8 @@ def kway_pseudo_f(similarity: np.ndarray, linkage: Linkage = "single") -> tuple[
 
 def cut_parts(tree: np.ndarray, k: int) -> list[list[int]]:
     """The k parts left after the first n - k merges of a SciPy linkage matrix (ordered by
-    their smallest item)."""
+    their smallest item). Replayed here rather than `fcluster(tree, k, "maxclust")`, which
+    cuts at a distance and so returns fewer than k parts when merge distances tie."""
     n = len(tree) + 1
     members: list[list[int]] = [[i] for i in range(n)]
     alive = set(range(n))
@@ -131,16 +132,14 @@ def _best_cut(sim: np.ndarray, tree: np.ndarray) -> tuple[float, int]:
     if total <= 1e-12:
         return 0.0, 2  # no scatter at all: identical updates hold no groups
     # k parts remain after n - k merges: their within scatter is the sum of the first n - k adds
-    within_after = np.cumsum(added)
-    best, best_k = 0.0, 2
-    for k in range(2, max_parts(n) + 1):
-        within = within_after[n - k - 1]
-        if within <= 1e-12:
-            return math.inf, k
-        value = ((total - within) / (k - 1)) / (within / (n - k))
-        if value > best:
-            best, best_k = float(value), k
-    return best, best_k
+    k = np.arange(2, max_parts(n) + 1)
+    within = np.cumsum(added)[n - k - 1]
+    empty = within <= 1e-12
+    if empty.any():  # parts without scatter: the fewest such parts, at infinite ratio
+        return math.inf, int(k[empty.argmax()])
+    value = ((total - within) / (k - 1)) / (within / (n - k))
+    best = int(value.argmax())
+    return (float(value[best]), int(k[best])) if value[best] > 0 else (0.0, 2)
 
 
 def split_stats(gram: np.ndarray, weights: np.ndarray, similarity: np.ndarray,

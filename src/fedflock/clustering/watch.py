@@ -12,6 +12,12 @@ time, the cluster holds groups and should split. No extra communication, no scal
 number in the decision.
 A window never holds more than `MAX_WINDOW` updates: when more members reply in one round, an
 evenly spread subset of them (by client id) is taken.
+A round with a single reply adds nothing to a window (nor drops one): a lone update shows no
+disagreement at the model it was computed at, and with one reply a round the cluster model is
+the last client's own model, so the next update measures how far that client's optimum lies
+from the previous one's — a property of the pair, not of the client. (MNIST, 100 clients in 4
+groups, one sampled a round: a window of 50 such updates scored 6.1 on a 25-part cut of pairs
+and singletons, three windows in a row, and CFL split into 25 clusters.)
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class SplitWatch:
             keep = np.linspace(0, len(clients) - 1, MAX_WINDOW).round().astype(int).tolist()
             clients, updates = [clients[i] for i in keep], updates[keep]
             examples = [examples[i] for i in keep]
+        if len(clients) < 2:
+            return None  # one update shows no disagreement at its model (see the module doc)
         # a window begun while the model was settled runs to its end (the relative change of
         # a partially sampled cluster is noisy: re-testing each round would drop most windows)
         may_span = len(self.window) > 0 or self.stability.stable()
