@@ -1,0 +1,115 @@
+"""Do a scenario's groups all need their own model? The grid's feature_skew cells, measured.
+
+The grid (`benchmarks/grid.py`) scores a method by its ARI against the scenario's groups. That
+presumes every group needs its own model. feature_skew gives each group one input transform
+(none, invert, noise, brightness, contrast); if one model fits several of them, splitting
+those groups buys no accuracy and no update-based method can be asked to find them. This
+script measures it instead of assuming it: for each feature_skew cell of 3 or more groups it
+runs the oracle a second time on a coarser partition (the invert group alone, every other
+group together) and reports its final accuracy beside the full oracle's, and the ARI of each
+method's final clusters against both partitions (read from the grid's run directories).
+
+    python benchmarks/congruence.py --seed 0 --runs runs/g0one-incremental,runs/g0one-cfl \\
+        --results benchmarks/results/grid-seed0.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score
+
+from fedflock.experiment import run_experiment
+from fedflock.validation import validate
+from grid import draw_cells
+
+METHODS = ("incremental", "cfl")
+INVERT_GROUP = 1  # the scenario's default transforms: none, invert, noise, brightness, contrast
+
+
+def _summary(runs: list[Path], cell: str, algorithm: str, seed: int) -> dict | None:
+    for root in runs:
+        path = root / cell / algorithm / f"seed{seed}" / "summary.json"
+        if path.exists():
+            return json.loads(path.read_text())
+    return None
+
+
+def _labels(clusters: list[list[int]], n: int) -> np.ndarray:
+    labels = np.empty(n, dtype=int)
+    for k, members in enumerate(clusters):
+        labels[members] = k
+    return labels
+
+
+def coarse_oracle(cell, seed: int, groups: np.ndarray, work: Path) -> float:
+    """Final accuracy of FedAvg inside {invert group} and {all other groups} (a run already in
+    `work` is read, not repeated)."""
+    done = work / cell.name / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())["accuracy"]["mean"]
+    raw = cell.config("oracle", seed)
+    raw["algorithm"]["clusters"] = [np.flatnonzero(groups == INVERT_GROUP).tolist(),
+                                    np.flatnonzero(groups != INVERT_GROUP).tolist()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_experiment(validate(raw), work / cell.name, quiet=True)
+    return json.loads(done.read_text())["accuracy"]["mean"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", required=True,
+                        help="comma-separated grid output folders holding the methods' runs")
+    parser.add_argument("--results", required=True,
+                        help="a grid results.jsonl with the cells' fedavg and oracle rows")
+    parser.add_argument("--work", default="runs/congruence")
+    parser.add_argument("--out", default=None, help="append one JSON line per cell here")
+    args = parser.parse_args()
+    runs = [Path(p) for p in args.runs.split(",")]
+    work = Path(args.work) / f"seed{args.seed}"
+    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines()]
+    reference = {(r["cell"], r["algorithm"]): r["accuracy"] for r in rows
+                 if r["seed"] == args.seed}
+    print("| cell | fedavg | oracle | oracle, invert vs rest | "
+          + " | ".join(f"{m}: ARI groups / coarse" for m in METHODS) + " |")
+    print("|---|---|---|---|" + "---|" * len(METHODS))
+    for cell in draw_cells(60):
+        if cell.scenario != "feature_skew" or cell.groups < 3:
+            continue
+        found = {m: _summary(runs, cell.name, m, args.seed) for m in METHODS}
+        known = [s for s in found.values() if s is not None]
+        if not known or (cell.name, "oracle") not in reference:
+            print(f"| {cell.name} | (runs missing) |")
+            continue
+        groups = np.asarray(known[0]["true_groups"])
+        coarse = (groups == INVERT_GROUP).astype(int)
+        row = {"cell": cell.name, "seed": args.seed,
+               "fedavg": reference[cell.name, "fedavg"],
+               "oracle": reference[cell.name, "oracle"],
+               "oracle_coarse": coarse_oracle(cell, args.seed, groups, work)}
+        shown = []
+        for method, run in found.items():
+            if run is None:
+                shown.append("–")
+                continue
+            labels = _labels(run["clusters"], len(groups))
+            row[method] = {"ari": adjusted_rand_score(groups, labels),
+                           "ari_coarse": adjusted_rand_score(coarse, labels),
+                           "accuracy": run["accuracy"]["mean"],
+                           "clusters": len(run["clusters"])}
+            shown.append(f"{row[method]['ari']:.2f} / {row[method]['ari_coarse']:.2f} "
+                         f"(k {len(run['clusters'])}, {100 * run['accuracy']['mean']:.1f}%)")
+        print(f"| {cell.name} | {100 * row['fedavg']:.1f} | {100 * row['oracle']:.1f} | "
+              f"{100 * row['oracle_coarse']:.1f} | " + " | ".join(shown) + " |", flush=True)
+        if args.out:
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+if __name__ == "__main__":
+    main()
