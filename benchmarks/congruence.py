@@ -9,7 +9,7 @@ runs the oracle a second time on a coarser partition (the invert group alone, ev
 group together) and reports its final accuracy beside the full oracle's, and the ARI of each
 method's final clusters against both partitions (read from the grid's run directories).
 
-    python benchmarks/congruence.py --seed 0 --runs runs/g0one-incremental,runs/g0one-cfl \\
+    python benchmarks/congruence.py --seed 0 --runs runs/grid --out runs/congruence.jsonl \\
         --results benchmarks/results/grid-seed0.jsonl
 """
 
@@ -110,6 +110,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
+
 
 if __name__ == "__main__":
     main()

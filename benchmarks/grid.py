@@ -3,7 +3,9 @@ tuning: does one default hold where the README's examples do not reach?
 
 A seeded draw of cells covers datasets (mnist, mnist5k, digits), scenarios (label_permutation,
 label_swap, rotation, feature_skew, iid), 2-8 groups, 30-300 clients, 50-600 samples per client
-and 5%-100% participation (log-uniform where the range spans a factor of ten). Every cell runs
+and 5%-100% participation (log-uniform where the range spans a factor of ten); `--femnist`
+cells (default 6) add FEMNIST with one client per writer, a control with no hidden groups like
+the IID cells (a draw of their own: the other cells do not move). Every cell runs
 each algorithm with its defaults, plus FedAvg and the oracle (FedAvg inside each true group) for
 reference, over the seeds given. Rounds: enough for every client to be sampled about 12 times,
 between 50 and 150. Final-round mean accuracy and ARI against the hidden groups.
@@ -37,6 +39,9 @@ from fedflock.experiment import run_experiment
 from fedflock.validation import validate
 
 SCENARIOS = ("label_permutation", "label_swap", "rotation", "feature_skew", "iid")
+NO_GROUPS = ("iid", "natural")  # controls: no hidden groups, a split is not wanted
+FEMNIST_WRITERS = 105  # writers with training data in the shared FEMNIST sample (the draw keeps
+# well below it: a cell needs that many writers with test data too)
 MAX_GROUPS = {"feature_skew": 5}  # one distinct transform per group
 # most clients x samples drawn from each training pool (60,000 / 4,000 / 1,437): digits and
 # mnist5k reuse samples above their pool, which the data layer allows with a warning; capped
@@ -67,12 +72,14 @@ class Cell:
         return int(min(150, max(50, math.ceil(12 / self.participation))))
 
     def config(self, algorithm: str, seed: int) -> dict[str, Any]:
+        scenario = ({"kind": "natural"} if self.scenario == "natural"
+                    else {"kind": self.scenario, "groups": self.groups})
         return {
             "seed": seed,
             "rounds": self.rounds,
             "data": {"dataset": self.dataset, "clients": self.clients,
                      "samples_per_client": self.samples, "test_per_client": 50,
-                     "scenario": {"kind": self.scenario, "groups": self.groups}},
+                     "scenario": scenario},
             "model": {"name": "mlp", "hidden": [100]},
             "training": {"local_epochs": 2, "lr": 0.1, "batch_size": 32,
                          "executor": "sequential"},
@@ -103,6 +110,21 @@ def draw_cells(count: int, seed: int = 13) -> list[Cell]:
         if clients < 4 * groups or clients * samples > MAX_DRAWS[dataset]:
             continue  # too few clients per group, or a pool reused more than 3 times
         cells.append(Cell(dataset, scenario, groups, clients, samples, participation))
+    return cells
+
+
+def draw_femnist_cells(count: int, seed: int = 14) -> list[Cell]:
+    """`count` FEMNIST cells, one client per writer (no hidden groups: writers differ in style,
+    not in what a character means), drawn from the same ranges as `draw_cells` with clients
+    capped by the writers there are; each writer keeps its first `samples` training samples.
+    A draw of its own, so the other cells do not move."""
+    rng = np.random.default_rng(seed)
+    cells = []
+    for _ in range(count):
+        clients = round(_log_uniform(rng, 30, FEMNIST_WRITERS))
+        samples = round(_log_uniform(rng, 50, 600))
+        participation = round(_log_uniform(rng, 0.05, 1.0), 2)
+        cells.append(Cell("femnist", "natural", 1, clients, samples, participation))
     return cells
 
 
@@ -149,11 +171,12 @@ def report(cells: list[Cell], done: dict[tuple[str, str, int], dict[str, Any]],
         if not all(got.values()):
             continue
         fedavg, oracle = _mean(got["fedavg"], "accuracy"), _mean(got["oracle"], "accuracy")
-        pays = cell.scenario != "iid" and oracle - fedavg >= GAIN
+        control = cell.scenario in NO_GROUPS
+        pays = not control and oracle - fedavg >= GAIN
         entries = []
         for m in methods:
             rows = got[m]
-            ari = min(r["ari"] for r in rows) if cell.scenario != "iid" else None
+            ari = None if control else min(r["ari"] for r in rows)
             clusters = "/".join(str(r["clusters"]) for r in rows)
             entries.append(f"{100 * _mean(rows, 'accuracy'):.1f} "
                            + (f"(ARI {ari:.2f}, k {clusters})" if ari is not None
@@ -164,9 +187,9 @@ def report(cells: list[Cell], done: dict[tuple[str, str, int], dict[str, Any]],
                     counted[m][0] += 1
                 else:
                     failures[m].append(f"{cell.name} (ARI {ari:.2f}, k {clusters})")
-            if cell.scenario == "iid" and any(r["clusters"] > 1 for r in rows):
+            if control and any(r["clusters"] > 1 for r in rows):
                 iid_splits[m].append(f"{cell.name} (k {clusters})")
-        mark = "" if pays or cell.scenario == "iid" else " (oracle gain < 5)"
+        mark = "" if pays or control else " (oracle gain < 5)"
         print(f"| {cell.name}{mark} | {cell.rounds} | {100 * fedavg:.1f} | {100 * oracle:.1f} | "
               + " | ".join(entries) + " |")
     print()
@@ -174,14 +197,16 @@ def report(cells: list[Cell], done: dict[tuple[str, str, int], dict[str, Any]],
         good, total = counted[m]
         share = f"{100 * good / total:.0f}%" if total else "–"
         print(f"{m}: ARI >= {GOOD_ARI} on {good} of {total} cells where the oracle gains >= 5 "
-              f"points ({share}); IID cells split: {len(iid_splits[m])}")
-        for line in failures[m] + [f"IID split: {c}" for c in iid_splits[m]]:
+              f"points ({share}); IID / natural cells split: {len(iid_splits[m])}")
+        for line in failures[m] + [f"no-group cell split: {c}" for c in iid_splits[m]]:
             print(f"  - {line}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=60)
+    parser.add_argument("--femnist", type=int, default=6,
+                        help="FEMNIST writer cells added to the drawn ones (no hidden groups)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--methods", default="incremental,cfl")
     parser.add_argument("--only", default=None, help="comma-separated cell names to run")
@@ -195,7 +220,7 @@ def main() -> None:
     torch.set_num_threads(1)  # many small models: more threads only contend (7x slower here)
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = args.methods.split(",")
-    cells = draw_cells(args.cells)
+    cells = draw_cells(args.cells) + draw_femnist_cells(args.femnist)
     if args.only:
         wanted = set(args.only.split(","))
         cells = [c for c in cells if c.name in wanted]

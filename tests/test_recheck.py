@@ -147,3 +147,25 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
     assert all(s["kway_f"] > 3.5 for s in splits)  # the statistic the default decides by
     assert all(len(s["children"]) == s["kway_k"] for s in splits)  # split into the cut
     assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
+
+
+@pytest.mark.parametrize(("scores", "votes", "verdicts"), [
+    ([5, 5, 5], None, [False, False, True]),  # default: `patience` (3) windows in a row
+    ([5, 1, 5, 5], None, [False, False, False, False]),
+    ([5, 1, 5], 2, [False, False, True]),  # 2 of the last 3, the latest among them
+    ([5, 5], 2, [False, True]),
+    ([5, 5, 1], 2, [False, True, False]),  # a window below never splits: its cut is noise
+    ([5, 1, 1, 5], 2, [False, False, False, False]),  # the first 5 fell out of the last 3
+])
+def test_a_split_needs_votes_of_the_last_patience_windows(scores: list[float], votes: int | None,
+                                                          verdicts: list[bool]) -> None:
+    watch = _settled_watch(patience=3)
+    assert [watch.fires(s, 3.5, votes) for s in scores] == verdicts
+
+
+def test_votes_above_patience_is_a_config_error() -> None:
+    from fedflock.errors import ConfigError
+
+    raw = small_config(algorithm={"name": "cfl", "patience": 2, "votes": 3})
+    with pytest.raises(ConfigError, match="votes"):
+        validate(raw)

@@ -8,8 +8,9 @@ each part.
 Split rules (`split_rule`):
 - `auto` (default, needs no tuning): a Calinski-Harabasz pseudo-F computed from the cosine
   matrix of unit-normalised updates exceeds `f_threshold` in each of the cluster's last
-  `patience` windows. The statistic is scale-free (about 1 for structureless updates, whatever
-  their norms), so one threshold serves every dataset and model. `split_statistic: kway`
+  `patience` windows (or in `votes` of them, the latest among them). The statistic is
+  scale-free (about 1 for structureless updates, whatever their norms), so one threshold serves
+  every dataset and model. `split_statistic: kway`
   (default) scores the best cut of the min-max merge tree into any number of parts,
   `bipartition` only its cut in two (the rule before; for n noise-free updates spread evenly
   over K orthogonal groups it equals (n - 2) / (K - 2), so a window mixing many groups never
@@ -66,7 +67,8 @@ class CFLParams(SplitTestParams):
         "the paper's eps1/eps2 norms (and its bipartition)")
     warmup_rounds: int = Field(10, ge=0, description="rounds of FedAvg before any split")
     f_threshold: float = Field(3.5, gt=1.0, description="auto: pseudo-F a split must exceed")
-    patience: int = Field(3, ge=1, description="auto: rounds in a row above f_threshold")
+    patience: int = Field(3, ge=1, description="auto: windows in a row above f_threshold "
+                          "(see votes)")
     eps1: float | None = Field(None, gt=0, description="eps: mean-update norm below which the "
                                "cluster is near a stationary point")
     eps2: float | None = Field(None, gt=0, description="eps: largest client-update norm above "
@@ -120,7 +122,7 @@ class CFL(ClusteredAlgorithm):
         p = self.params
         if p.split_rule == "eps":
             return stats.mean_norm < p.eps1 and stats.max_norm > p.eps2
-        return watch.fires(stats.score(p.split_statistic), p.f_threshold)
+        return watch.fires(stats.score(p.split_statistic), p.f_threshold, p.votes)
 
     def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
                   diag: dict[str, Any]) -> list[list[int]] | None:

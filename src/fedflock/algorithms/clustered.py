@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster
 from fedflock.client.task import Reply, Task
@@ -35,6 +35,18 @@ class SplitTestParams(AlgorithmParams):
     split_into: SplitInto = Field(
         "cut", description="split test: cut: the parts of the cut the statistic scored; two: "
         "the min-max bipartition (CFL's paper)")
+    votes: int | None = Field(
+        None, ge=1, description="split test: how many of the last `patience` windows must "
+        "score above f_threshold, the latest among them (default: all of them; the auto split "
+        "rule only; incremental's `patience` also sets its stabilisation test)")
+
+    @model_validator(mode="after")
+    def _votes_within_patience(self) -> SplitTestParams:
+        patience = getattr(self, "patience", None)
+        if self.votes is not None and patience is not None and self.votes > patience:
+            raise ValueError(f"votes ({self.votes}) cannot exceed patience ({patience})")
+        return self
+
 
 class ClusteredAlgorithm(Algorithm):
     def __init__(self, params: Any, context: AlgorithmContext) -> None:

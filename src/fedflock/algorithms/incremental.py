@@ -28,7 +28,8 @@ in windows, each closed as soon as it holds updates of `window_coverage` of the 
 round under full participation; several only once the cluster's own model has stabilised, by
 the test above counted on the cluster's own rounds), and each scored by the scale-free pseudo-F
 of the best cut of the min-max merge tree of their cosine matrix (`split_statistic`, as CFL's).
-Above `f_threshold` in `patience` windows in a row, the cluster splits into that cut (recorded in
+Above `f_threshold` in `patience` windows in a row (or `votes` of them, the latest among them),
+the cluster splits into that cut (recorded in
 `splits` with the statistic that decided it, like CFL's); members that sent nothing in the
 deciding window wait with the parent model and are then placed like newcomers, but only among
 the parent's heirs. So an under-split (two groups
@@ -288,7 +289,7 @@ class Incremental(ClusteredAlgorithm):
         held = found.window.clients
         diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
                     kway_f=round(found.stats.kway_f, 4), examined=len(held))
-        if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold):
+        if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold, p.votes):
             return None
         positions = found.stats.split(p.split_statistic, p.split_into)
         parts = [[held[i] for i in part] for part in positions]

@@ -7,8 +7,9 @@ reach the coverage otherwise, and those only once the cluster's own model has se
 (`Stabilisation`), so that the updates of a window differ by data more than by age. Each closed
 window is scored by a pseudo-F of its cosine matrix's min-max merge tree (about 1 for
 structureless updates, large when parts point apart, see `split_stats`; the algorithm says
-which cut it scores). Above `f_threshold` in `patience` windows in a row, fresh evidence each
-time, the cluster holds groups and should split. No extra communication, no scale or round
+which cut it scores). Above `f_threshold` in `patience` windows in a row (or in `votes` of the
+last `patience`, the latest among them), fresh evidence each time, the cluster holds groups and
+should split. No extra communication, no scale or round
 number in the decision.
 A window never holds more than `MAX_WINDOW` updates: when more members reply in one round, an
 evenly spread subset of them (by client id) is taken.
@@ -79,11 +80,14 @@ class SplitWatch:
         return Examination(window, split_stats(window.gram.numpy(), window.examples,
                                                window.similarity, linkage))
 
-    def fires(self, score: float, threshold: float) -> bool:
-        """Count one window's statistic; True after `patience` windows above `threshold`."""
+    def fires(self, score: float, threshold: float, votes: int | None = None) -> bool:
+        """Count one window's statistic; True when it is above `threshold` and so are `votes`
+        of the last `patience` windows (default: all of them, i.e. `patience` in a row). The
+        latest window must be one of them: its cut is the one a split makes."""
         self.scores.append(score)
-        recent = self.scores[-self.stability.patience :]
-        return len(recent) == self.stability.patience and min(recent) > threshold
+        patience = self.stability.patience
+        recent = self.scores[-patience:]
+        return score > threshold and sum(s > threshold for s in recent) >= (votes or patience)
 
     def state_dict(self) -> dict[str, Any]:
         return {"changes": list(self.stability.changes), "last": self.stability.last,
