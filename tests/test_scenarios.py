@@ -482,6 +482,20 @@ def test_femnist_natural_caps_and_limits(shared_data: Path) -> None:
         build(config("femnist", clients=106, root=shared_data, kind="natural"))
 
 
+def test_femnist_natural_keeps_a_writers_class_mix(shared_data: Path) -> None:
+    """LEAF stores each writer's samples digits first: a client keeping 50 of its writer's
+    ~150 samples must hold about the writer's share of digits, not only digits."""
+    full = build(config("femnist", clients=5, samples=None, root=shared_data, kind="natural"))
+    capped = build(config("femnist", clients=5, samples=50, root=shared_data, kind="natural"))
+    for whole, kept in zip(full.clients, capped.clients, strict=True):
+        assert abs(_digit_share(kept.y_train) - _digit_share(whole.y_train)) < 0.25
+        assert set(kept.train_index) <= set(whole.train_index)
+
+
+def _digit_share(labels: torch.Tensor) -> float:
+    return float((labels < 10).float().mean())
+
+
 def test_natural_needs_writers() -> None:
     with pytest.raises(ConfigError, match="natural"):
         build(config("digits", kind="natural"))

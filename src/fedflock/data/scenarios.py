@@ -17,7 +17,9 @@ names the setting and how many draws were reused. Each `ClientData` keeps the da
 (`train_index`, `test_index`) so the original samples can be recovered.
 
 `natural` (LEAF writers) ignores the partition and the seed: the clients are the writers with
-the most training samples, each keeping its own first `samples_per_client` / `test_per_client`.
+the most training samples, each keeping `samples_per_client` / `test_per_client` of its own,
+chosen at random by a generator seeded with the writer's id (LEAF stores a writer's samples
+digits first, so the first ones would give each client a class mix its writer does not have).
 """
 
 from __future__ import annotations
@@ -334,9 +336,18 @@ def _natural_clients(ds: Dataset, cfg: DataConfig) -> list[tuple[np.ndarray, np.
                           f"test data (got {cfg.clients})")
     out = []
     for w in ranked[: cfg.clients]:
+        rng = np.random.default_rng([int(w), 17])
         tr, te = np.flatnonzero(wtr == w), np.flatnonzero(wte == w)
-        out.append((tr[: cfg.samples_per_client], te[: cfg.test_per_client]))
+        out.append((_subset(tr, cfg.samples_per_client, rng),
+                    _subset(te, cfg.test_per_client, rng)))
     return out
+
+
+def _subset(rows: np.ndarray, keep: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`keep` of `rows` drawn at random, in their stored order (all of them when None or more)."""
+    if keep is None or keep >= len(rows):
+        return rows
+    return np.sort(rng.choice(rows, size=keep, replace=False))
 
 
 def _warn_reuse(ds: Dataset, train_pool: _Pool, test_pool: _Pool, label_skew: bool) -> None:
