@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
+from fedflock.config import ScenarioConfig
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
 from grid import draw_cells
 
 METHODS = ("incremental", "cfl")
-INVERT_GROUP = 1  # the scenario's default transforms: none, invert, noise, brightness, contrast
+# the group the grid's feature_skew cells give the invert transform (they keep the defaults)
+INVERT_GROUP = ScenarioConfig.model_fields["transforms"].default_factory().index("invert")
 
 
 def _summary(runs: list[Path], cell: str, algorithm: str, seed: int) -> dict | None:

@@ -116,7 +116,8 @@ def draw_cells(count: int, seed: int = 13) -> list[Cell]:
 def draw_femnist_cells(count: int, seed: int = 14) -> list[Cell]:
     """`count` FEMNIST cells, one client per writer (no hidden groups: writers differ in style,
     not in what a character means), drawn from the same ranges as `draw_cells` with clients
-    capped by the writers there are; each writer keeps its first `samples` training samples.
+    capped by the writers there are; each writer keeps `samples` of its training samples (a
+    subset seeded by its id, see `data.scenarios`).
     A draw of its own, so the other cells do not move."""
     rng = np.random.default_rng(seed)
     cells = []
