@@ -1,0 +1,110 @@
+"""Which grid runs would a looser split rule (`votes` of the last `patience` windows) change?
+
+A run with `votes: v` is the default run until the first closed window where `v` of the last
+`patience` statistics (the latest among them) exceed `f_threshold` but not all `patience` do:
+the two rules agree on every earlier window, and everything else in a run is seeded. Each run's
+`metrics.jsonl` logs every closed window's statistic per cluster, so replaying the rule on them
+says which runs must be re-run with `votes` and which would come out identical; an identical
+run's row is copied, marked `"replayed": true`. (CFL counts a window only from
+`warmup_rounds` on, as `CFL.partition` does; incremental clustering counts every window it
+logs.)
+
+    python benchmarks/replay_votes.py --runs runs/grid2 --results runs/grid2/results.jsonl \
+        --seed 2 --votes 2 --out runs/g2votes      # rows for runs that cannot change + a list
+
+The printed `--only` list is what `grid.py --params '{"cfl": {"votes": 2}}'` must still run
+(per method). `--check TRIALS` compares the verdicts with full re-runs already made: a run the
+replay calls unchanged must have the default run's accuracy and ARI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedflock.algorithms.registry import ALGORITHMS
+
+METHODS = ("cfl", "incremental")
+
+
+def first_divergence(metrics: Path, algorithm: str, params: Any, votes: int) -> int | None:
+    """The first round whose window the two rules judge differently (None: the runs agree)."""
+    warmup = getattr(params, "warmup_rounds", 0)
+    scores: dict[int, list[float]] = {}
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        for cluster in row.get("clusters", []):
+            score = cluster.get(f"{params.split_statistic}_f")
+            if score is None or row["round"] < warmup:
+                continue
+            recent = scores.setdefault(cluster["id"], [])
+            recent.append(score)
+            above = sum(s > params.f_threshold for s in recent[-params.patience:])
+            latest = score > params.f_threshold
+            if latest and above >= votes and above < params.patience:
+                return row["round"]
+    return None
+
+
+def _params(run: Path, algorithm: str) -> Any:
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    raw = {k: v for k, v in config["algorithm"].items() if k != "name"}
+    return ALGORITHMS.get(algorithm).Params(**raw)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, required=True, help="a grid.py --out folder")
+    parser.add_argument("--results", type=Path, required=True, help="its default rows")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--votes", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the unchanged runs' "
+                        "rows to OUT/<method>/results.jsonl (grid.py then skips them)")
+    parser.add_argument("--check", type=Path, nargs="*", default=[],
+                        help="trial rows of full re-runs with these votes to compare")
+    args = parser.parse_args()
+    note = {"votes": args.votes, "note": f"votes {args.votes}: a split needs {args.votes} of "
+            "the last 3 (patience) windows above f_threshold, the latest among them "
+            "(default: all 3)"}
+    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line]
+    rerun: dict[str, list[str]] = {m: [] for m in METHODS}
+    verdicts: dict[tuple[str, str], int | None] = {}
+    for row in rows:
+        method, cell = row["algorithm"], row["cell"]
+        if method not in METHODS or row["seed"] != args.seed:
+            continue
+        run = args.runs / cell / method / f"seed{args.seed}"
+        if not (run / "metrics.jsonl").exists():
+            print(f"no run folder for {cell} {method} ({run}): to be re-run")
+            rerun[method].append(cell)
+            continue
+        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", method,
+                                                  _params(run, method), args.votes)
+        if verdicts[cell, method] is not None:
+            rerun[method].append(cell)
+        elif args.out is not None:
+            target = args.out / method / "results.jsonl"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("a") as fh:
+                fh.write(json.dumps(row | {"params": note, "replayed": True}) + "\n")
+    for method in METHODS:
+        replayed = [v for (_, m), v in verdicts.items() if m == method]
+        print(f"{method}: {sum(v is not None for v in replayed)} of {len(replayed)} replayed "
+              f"runs change; to run: --only {','.join(rerun[method])}")
+    defaults = {(r["cell"], r["algorithm"]): r for r in rows}
+    for trials in args.check:
+        for line in trials.read_text().splitlines():
+            trial = json.loads(line)
+            key = (trial["cell"], trial["algorithm"])
+            if key not in verdicts or verdicts[key] is not None or trial.get("replayed"):
+                continue
+            same = all(trial[k] == defaults[key][k] for k in ("accuracy", "ari", "clusters"))
+            print(f"check {key[0]} {key[1]}: {'identical' if same else 'DIFFERS'}")
+
+
+if __name__ == "__main__":
+    main()
