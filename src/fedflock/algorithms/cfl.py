@@ -66,9 +66,6 @@ class CFLParams(SplitTestParams):
         "auto", description="auto: scale-free pseudo-F (split_statistic) above f_threshold; eps: "
         "the paper's eps1/eps2 norms (and its bipartition)")
     warmup_rounds: int = Field(10, ge=0, description="rounds of FedAvg before any split")
-    f_threshold: float = Field(3.5, gt=1.0, description="auto: pseudo-F a split must exceed")
-    patience: int = Field(3, ge=1, description="auto: windows in a row above f_threshold "
-                          "(see votes)")
     eps1: float | None = Field(None, gt=0, description="eps: mean-update norm below which the "
                                "cluster is near a stationary point")
     eps2: float | None = Field(None, gt=0, description="eps: largest client-update norm above "
@@ -78,14 +75,8 @@ class CFLParams(SplitTestParams):
         "for eps, as the paper; off for auto)")
     linkage: Literal["single", "complete"] = Field(
         "single", description="single: the paper's min-max cut; complete: the authors' code")
-    min_cluster_size: int = Field(3, ge=2, description="smallest cluster considered for a split")
     min_replies: int = Field(5, ge=2, description="fewest distinct members' updates in a "
                              "window")
-    window_coverage: float = Field(0.5, ge=0, le=1, description="share of a cluster's members "
-                                   "whose updates a window needs besides min_replies (one round "
-                                   "when that many reply)")
-    stable_tol: float = Field(0.1, gt=0, lt=1, description="windows may span rounds once the "
-                              "cluster model's relative change shrank by less than this")
     max_clusters: int | None = Field(None, ge=1, description="stop splitting at this many")
     tree_updates: int | None = Field(
         64, ge=1, description="updates kept per parameter-tree edge to route new clients, the "

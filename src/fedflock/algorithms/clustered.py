@@ -35,16 +35,27 @@ class SplitTestParams(AlgorithmParams):
     split_into: SplitInto = Field(
         "cut", description="split test: cut: the parts of the cut the statistic scored; two: "
         "the min-max bipartition (CFL's paper)")
+    f_threshold: float = Field(3.5, gt=1.0, description="split test: pseudo-F "
+                               "(split_statistic) a split must exceed (CFL: split_rule auto)")
+    patience: int = Field(3, ge=1, description="split test: windows in a row above f_threshold "
+                          "(see votes); also the rounds over which a model's change is judged "
+                          "settled (stable_tol)")
     votes: int | None = Field(
         None, ge=1, description="split test: how many of the last `patience` windows must "
-        "score above f_threshold, the latest among them (default: all of them; the auto split "
-        "rule only; incremental's `patience` also sets its stabilisation test)")
+        "score above f_threshold, the latest among them (default: all of them)")
+    stable_tol: float = Field(0.1, gt=0, lt=1, description="split test: a window may span "
+                              "rounds once the cluster model's relative change shrank by less "
+                              "than this (incremental: also when FedAvg has settled enough to "
+                              "cluster)")
+    window_coverage: float = Field(0.5, ge=0, le=1, description="split test: share of a "
+                                   "cluster's members whose updates a window needs (one round "
+                                   "when that many reply)")
+    min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
 
     @model_validator(mode="after")
     def _votes_within_patience(self) -> SplitTestParams:
-        patience = getattr(self, "patience", None)
-        if self.votes is not None and patience is not None and self.votes > patience:
-            raise ValueError(f"votes ({self.votes}) cannot exceed patience ({patience})")
+        if self.votes is not None and self.votes > self.patience:
+            raise ValueError(f"votes ({self.votes}) cannot exceed patience ({self.patience})")
         return self
 
 

@@ -95,9 +95,6 @@ class IncrementalParams(SplitTestParams):
     similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
         "cosine", description="measure between the stored latest updates")
     warmup_rounds: int = Field(10, ge=1, description="rounds of FedAvg before clustering")
-    stable_tol: float = Field(0.1, gt=0, lt=1, description="stabilised when the relative "
-                              "change of the global model shrank by less than this")
-    patience: int = Field(3, ge=1, description="rounds per window of the stabilisation test")
     min_coverage: float = Field(0.25, ge=0, le=1, description="share of clients seen before "
                                 "clustering")
     cluster_round: int | None = Field(None, ge=1, description="cluster at this round, "
@@ -116,11 +113,6 @@ class IncrementalParams(SplitTestParams):
         "(after a poisoned FedAvg phase)")
     recheck: bool = Field(True, description="keep examining every cluster after clustering "
                           "and split it when its members' updates hold two groups")
-    f_threshold: float = Field(3.5, gt=1.0, description="recheck: pseudo-F a split must exceed "
-                               "(as CFL's auto rule)")
-    window_coverage: float = Field(0.5, gt=0, le=1, description="recheck: share of a "
-                                   "cluster's members whose updates a split-test window needs")
-    min_cluster_size: int = Field(3, ge=2, description="recheck: smallest cluster examined")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
