@@ -1,26 +1,28 @@
-"""Which grid runs would a looser split rule (`votes` of the last `patience` windows) change?
+"""Which grid runs would another split rule (`f_threshold`, `patience`, `votes`) change?
 
-A run with `votes: v` is the default run until the first closed window where `v` of the last
-`patience` statistics (the latest among them) exceed `f_threshold` but not all `patience` do:
-the two rules agree on every earlier window, and everything else in a run is seeded. Each run's
-`metrics.jsonl` logs every closed window's statistic per cluster, so replaying the rule on them
-says which runs must be re-run with `votes` and which would come out identical; an identical
-run's row is copied, marked `"replayed": true`. (CFL counts a window only from
-`warmup_rounds` on, as `CFL.partition` does; incremental clustering counts every window it
-logs.)
+A run with another rule is the run made until the first closed window the two rules judge
+differently: they agree on every earlier window, and everything else in a run is seeded. Each
+run's `metrics.jsonl` logs every closed window's statistic per cluster, so replaying both rules
+on them says which runs must be re-run and which would come out identical; an identical run's
+row is copied, marked `"replayed": true`. (CFL counts a window only from `warmup_rounds` on, as
+`CFL.partition` does; incremental clustering counts every window it logs.) The replay says
+nothing about a run after its first divergence: those must be run.
 
-    python benchmarks/replay_votes.py --runs runs/grid2 --results runs/grid2/results.jsonl \
+    python benchmarks/replay_split_rule.py --runs runs/grid2 --results runs/grid2/results.jsonl \
         --seed 2 --votes 2 --out runs/g2votes      # rows for runs that cannot change + a list
+    python benchmarks/replay_split_rule.py ... --f-threshold 2.5   # which runs a lower bar moves
 
 The printed `--only` list is what `grid.py --params '{"cfl": {"votes": 2}}'` must still run
-(per method). `--check TRIALS` compares the verdicts with full re-runs already made: a run the
-replay calls unchanged must have the default run's accuracy and ARI.
+(per method); `--show` prints each diverging run's round and the cell's kind (an IID cell
+listed there may split under the new rule). `--check TRIALS` compares the verdicts with full
+re-runs already made: a run the replay calls unchanged must have the run's accuracy and ARI.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,25 @@ from fedflock.algorithms.registry import ALGORITHMS
 METHODS = ("cfl", "incremental")
 
 
-def first_divergence(metrics: Path, algorithm: str, params: Any, votes: int) -> int | None:
-    """The first round whose window the two rules judge differently (None: the runs agree)."""
+@dataclass(frozen=True)
+class Rule:
+    """A split rule: `votes` (default: all) of the last `patience` scores above `threshold`,
+    the latest among them (`SplitWatch.fires`)."""
+
+    threshold: float
+    patience: int
+    votes: int | None = None
+
+    def fires(self, scores: list[float]) -> bool:
+        recent = scores[-self.patience:]
+        above = sum(s > self.threshold for s in recent)
+        return scores[-1] > self.threshold and above >= (self.votes or self.patience)
+
+
+def first_divergence(metrics: Path, params: Any, rule: Rule) -> int | None:
+    """The first round whose window the run's rule and `rule` judge differently (None: the
+    runs agree)."""
+    ran = Rule(params.f_threshold, params.patience, params.votes)
     warmup = getattr(params, "warmup_rounds", 0)
     scores: dict[int, list[float]] = {}
     for line in metrics.read_text().splitlines():
@@ -43,9 +62,7 @@ def first_divergence(metrics: Path, algorithm: str, params: Any, votes: int) -> 
                 continue
             recent = scores.setdefault(cluster["id"], [])
             recent.append(score)
-            above = sum(s > params.f_threshold for s in recent[-params.patience:])
-            latest = score > params.f_threshold
-            if latest and above >= votes and above < params.patience:
+            if ran.fires(recent) != rule.fires(recent):
                 return row["round"]
     return None
 
@@ -61,15 +78,25 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, required=True, help="a grid.py --out folder")
     parser.add_argument("--results", type=Path, required=True, help="its default rows")
     parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--votes", type=int, default=2)
+    parser.add_argument("--votes", type=int, default=None, help="the rule's votes (default: "
+                        "all of patience)")
+    parser.add_argument("--f-threshold", type=float, default=None,
+                        help="the rule's threshold (default: the run's)")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="the rule's patience (default: the run's)")
+    parser.add_argument("--show", action="store_true", help="print every diverging run")
     parser.add_argument("--out", type=Path, default=None, help="write the unchanged runs' "
                         "rows to OUT/<method>/results.jsonl (grid.py then skips them)")
     parser.add_argument("--check", type=Path, nargs="*", default=[],
                         help="trial rows of full re-runs with these votes to compare")
     args = parser.parse_args()
-    note = {"votes": args.votes, "note": f"votes {args.votes}: a split needs {args.votes} of "
-            "the last 3 (patience) windows above f_threshold, the latest among them "
-            "(default: all 3)"}
+    changed = {k: v for k, v in (("votes", args.votes), ("f_threshold", args.f_threshold),
+                                  ("patience", args.patience)) if v is not None}
+    note = dict(changed)
+    if args.votes is not None:
+        note["note"] = (f"votes {args.votes}: a split needs {args.votes} of the last "
+                        f"{args.patience or 3} (patience) windows above f_threshold, the "
+                        "latest among them (default: all of them)")
     rows = [json.loads(line) for line in args.results.read_text().splitlines() if line]
     rerun: dict[str, list[str]] = {m: [] for m in METHODS}
     verdicts: dict[tuple[str, str], int | None] = {}
@@ -82,10 +109,15 @@ def main() -> None:
             print(f"no run folder for {cell} {method} ({run}): to be re-run")
             rerun[method].append(cell)
             continue
-        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", method,
-                                                  _params(run, method), args.votes)
+        params = _params(run, method)
+        rule = Rule(changed.get("f_threshold", params.f_threshold),
+                    changed.get("patience", params.patience), args.votes)
+        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", params, rule)
         if verdicts[cell, method] is not None:
             rerun[method].append(cell)
+            if args.show:
+                print(f"  {method} {cell}: diverges at round {verdicts[cell, method]}"
+                      f"{' (no hidden groups)' if row['groups'] == 1 else ''}")
         elif args.out is not None:
             target = args.out / method / "results.jsonl"
             target.parent.mkdir(parents=True, exist_ok=True)
