@@ -12,6 +12,9 @@ nothing about a run after its first divergence: those must be run.
         --seed 2 --votes 2 --out runs/g2votes      # rows for runs that cannot change + a list
     python benchmarks/replay_split_rule.py ... --f-threshold 2.5   # which runs a lower bar moves
 
+(`patience` cannot be replayed: it also decides when a window may span rounds, and when
+incremental clusters, so it changes the windows themselves.)
+
 The printed `--only` list is what `grid.py --params '{"cfl": {"votes": 2}}'` must still run
 (per method); `--show` prints each diverging run's round and the cell's kind (an IID cell
 listed there may split under the new rule). `--check TRIALS` compares the verdicts with full
@@ -29,8 +32,10 @@ from typing import Any
 import yaml
 
 from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.clustering.split_stats import SCORE_FIGURE
 
 METHODS = ("cfl", "incremental")
+ROUNDING = 5e-5  # metrics.jsonl logs the statistics to 4 decimals
 
 
 @dataclass(frozen=True)
@@ -48,21 +53,25 @@ class Rule:
         return scores[-1] > self.threshold and above >= (self.votes or self.patience)
 
 
-def first_divergence(metrics: Path, params: Any, rule: Rule) -> int | None:
+def first_divergence(metrics: Path, algorithm: str, params: Any, rule: Rule) -> int | None:
     """The first round whose window the run's rule and `rule` judge differently (None: the
-    runs agree)."""
+    runs agree). A logged score within its rounding of either threshold counts as a
+    divergence: the run compared the unrounded value."""
+    if getattr(params, "split_rule", "auto") == "eps":
+        return None  # the eps rule does not read f_threshold, patience or votes
     ran = Rule(params.f_threshold, params.patience, params.votes)
-    warmup = getattr(params, "warmup_rounds", 0)
+    warmup = params.warmup_rounds if algorithm == "cfl" else 0
     scores: dict[int, list[float]] = {}
     for line in metrics.read_text().splitlines():
         row = json.loads(line)
         for cluster in row.get("clusters", []):
-            score = cluster.get(f"{params.split_statistic}_f")
+            score = cluster.get(SCORE_FIGURE[params.split_statistic])
             if score is None or row["round"] < warmup:
                 continue
             recent = scores.setdefault(cluster["id"], [])
             recent.append(score)
-            if ran.fires(recent) != rule.fires(recent):
+            near = min(abs(score - ran.threshold), abs(score - rule.threshold)) <= ROUNDING
+            if near or ran.fires(recent) != rule.fires(recent):
                 return row["round"]
     return None
 
@@ -79,24 +88,24 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True, help="its default rows")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--votes", type=int, default=None, help="the rule's votes (default: "
-                        "all of patience)")
+                        "the run's)")
     parser.add_argument("--f-threshold", type=float, default=None,
                         help="the rule's threshold (default: the run's)")
-    parser.add_argument("--patience", type=int, default=None,
-                        help="the rule's patience (default: the run's)")
     parser.add_argument("--show", action="store_true", help="print every diverging run")
     parser.add_argument("--out", type=Path, default=None, help="write the unchanged runs' "
-                        "rows to OUT/<method>/results.jsonl (grid.py then skips them)")
+                        "rows to OUT/<method>/results.jsonl, appended (grid.py then skips "
+                        "them); patience is not replayable: it also sets when a window may "
+                        "span rounds")
     parser.add_argument("--check", type=Path, nargs="*", default=[],
                         help="trial rows of full re-runs with these votes to compare")
     args = parser.parse_args()
-    changed = {k: v for k, v in (("votes", args.votes), ("f_threshold", args.f_threshold),
-                                  ("patience", args.patience)) if v is not None}
+    changed = {k: v for k, v in (("votes", args.votes), ("f_threshold", args.f_threshold))
+               if v is not None}
     note = dict(changed)
     if args.votes is not None:
         note["note"] = (f"votes {args.votes}: a split needs {args.votes} of the last "
-                        f"{args.patience or 3} (patience) windows above f_threshold, the "
-                        "latest among them (default: all of them)")
+                        "`patience` windows above f_threshold, the latest among them "
+                        "(default: all of them)")
     rows = [json.loads(line) for line in args.results.read_text().splitlines() if line]
     rerun: dict[str, list[str]] = {m: [] for m in METHODS}
     verdicts: dict[tuple[str, str], int | None] = {}
@@ -110,9 +119,10 @@ def main() -> None:
             rerun[method].append(cell)
             continue
         params = _params(run, method)
-        rule = Rule(changed.get("f_threshold", params.f_threshold),
-                    changed.get("patience", params.patience), args.votes)
-        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", params, rule)
+        ALGORITHMS.get(method).Params(**params.model_dump() | changed)  # e.g. votes > patience
+        rule = Rule(changed.get("f_threshold", params.f_threshold), params.patience,
+                    changed.get("votes", params.votes))
+        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", method, params, rule)
         if verdicts[cell, method] is not None:
             rerun[method].append(cell)
             if args.show:
@@ -127,12 +137,13 @@ def main() -> None:
         replayed = [v for (_, m), v in verdicts.items() if m == method]
         print(f"{method}: {sum(v is not None for v in replayed)} of {len(replayed)} replayed "
               f"runs change; to run: --only {','.join(rerun[method])}")
-    defaults = {(r["cell"], r["algorithm"]): r for r in rows}
+    defaults = {(r["cell"], r["algorithm"]): r for r in rows if r["seed"] == args.seed}
     for trials in args.check:
         for line in trials.read_text().splitlines():
             trial = json.loads(line)
             key = (trial["cell"], trial["algorithm"])
-            if key not in verdicts or verdicts[key] is not None or trial.get("replayed"):
+            if (trial["seed"] != args.seed or key not in verdicts
+                    or verdicts[key] is not None or trial.get("replayed")):
                 continue
             same = all(trial[k] == defaults[key][k] for k in ("accuracy", "ari", "clusters"))
             print(f"check {key[0]} {key[1]}: {'identical' if same else 'DIFFERS'}")
