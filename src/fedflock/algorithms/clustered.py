@@ -36,7 +36,8 @@ class SplitTestParams(AlgorithmParams):
         "cut", description="split test: cut: the parts of the cut the statistic scored; two: "
         "the min-max bipartition (CFL's paper)")
     f_threshold: float = Field(3.5, gt=1.0, description="split test: pseudo-F "
-                               "(split_statistic) a split must exceed (CFL: split_rule auto)")
+                               "(split_statistic) a split must exceed (CFL: split_rule auto; "
+                               "incremental: recheck)")
     patience: int = Field(3, ge=1, description="split test: windows in a row above f_threshold "
                           "(see votes); also the rounds over which a model's change is judged "
                           "settled (stable_tol)")
@@ -48,8 +49,8 @@ class SplitTestParams(AlgorithmParams):
                               "than this (incremental: also when FedAvg has settled enough to "
                               "cluster)")
     window_coverage: float = Field(0.5, ge=0, le=1, description="split test: share of a "
-                                   "cluster's members whose updates a window needs (one round "
-                                   "when that many reply)")
+                                   "cluster's members whose updates a window needs, besides "
+                                   "CFL's min_replies (one round when that many reply)")
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
 
     @model_validator(mode="after")
