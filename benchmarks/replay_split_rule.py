@@ -25,41 +25,29 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.algorithms import validate_params
 from fedflock.clustering.split_stats import SCORE_FIGURE
+from fedflock.clustering.watch import split_vote
+from fedflock.config import AlgorithmConfig
+from fedflock.errors import ConfigError
 
 METHODS = ("cfl", "incremental")
 ROUNDING = 5e-5  # metrics.jsonl logs the statistics to 4 decimals
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A split rule: `votes` (default: all) of the last `patience` scores above `threshold`,
-    the latest among them (`SplitWatch.fires`)."""
-
-    threshold: float
-    patience: int
-    votes: int | None = None
-
-    def fires(self, scores: list[float]) -> bool:
-        recent = scores[-self.patience:]
-        above = sum(s > self.threshold for s in recent)
-        return scores[-1] > self.threshold and above >= (self.votes or self.patience)
-
-
-def first_divergence(metrics: Path, algorithm: str, params: Any, rule: Rule) -> int | None:
-    """The first round whose window the run's rule and `rule` judge differently (None: the
-    runs agree). A logged score within its rounding of either threshold counts as a
-    divergence: the run compared the unrounded value."""
+def first_divergence(metrics: Path, algorithm: str, params: Any, candidate: Any
+                     ) -> int | None:
+    """The first round whose window the run's rule (`params`) and the `candidate` parameters
+    judge differently (None: the runs agree). A logged score within its rounding of either
+    threshold counts as a divergence: the run compared the unrounded value."""
     if getattr(params, "split_rule", "auto") == "eps":
         return None  # the eps rule does not read f_threshold, patience or votes
-    ran = Rule(params.f_threshold, params.patience, params.votes)
     warmup = params.warmup_rounds if algorithm == "cfl" else 0
     scores: dict[int, list[float]] = {}
     for line in metrics.read_text().splitlines():
@@ -70,16 +58,18 @@ def first_divergence(metrics: Path, algorithm: str, params: Any, rule: Rule) -> 
                 continue
             recent = scores.setdefault(cluster["id"], [])
             recent.append(score)
-            near = min(abs(score - ran.threshold), abs(score - rule.threshold)) <= ROUNDING
-            if near or ran.fires(recent) != rule.fires(recent):
+            near = min(abs(score - p.f_threshold) for p in (params, candidate)) <= ROUNDING
+            if near or len({split_vote(recent, p.f_threshold, p.patience, p.votes)
+                            for p in (params, candidate)}) > 1:
                 return row["round"]
     return None
 
 
-def _params(run: Path, algorithm: str) -> Any:
-    config = yaml.safe_load((run / "config.yaml").read_text())
-    raw = {k: v for k, v in config["algorithm"].items() if k != "name"}
-    return ALGORITHMS.get(algorithm).Params(**raw)
+def _params(run: Path, changed: dict[str, Any]) -> tuple[Any, Any]:
+    """The run's algorithm parameters, and the same with `changed` (validated alike)."""
+    raw = yaml.safe_load((run / "config.yaml").read_text())["algorithm"]
+    return (validate_params(AlgorithmConfig.model_validate(raw)),
+            validate_params(AlgorithmConfig.model_validate(raw | changed)))
 
 
 def main() -> None:
@@ -118,11 +108,13 @@ def main() -> None:
             print(f"no run folder for {cell} {method} ({run}): to be re-run")
             rerun[method].append(cell)
             continue
-        params = _params(run, method)
-        ALGORITHMS.get(method).Params(**params.model_dump() | changed)  # e.g. votes > patience
-        rule = Rule(changed.get("f_threshold", params.f_threshold), params.patience,
-                    changed.get("votes", params.votes))
-        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", method, params, rule)
+        try:
+            params, candidate = _params(run, changed)
+        except ConfigError as err:  # e.g. votes above the run's patience
+            print(f"replay_split_rule: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        verdicts[cell, method] = first_divergence(run / "metrics.jsonl", method, params,
+                                                  candidate)
         if verdicts[cell, method] is not None:
             rerun[method].append(cell)
             if args.show:

@@ -40,6 +40,15 @@ from fedflock.clustering.window import UpdateWindow, Window
 MAX_WINDOW = 1000
 
 
+def split_vote(scores: list[float], threshold: float, patience: int, votes: int | None = None
+               ) -> bool:
+    """The split rule on a cluster's window statistics so far, latest last: the latest above
+    `threshold`, and `votes` of the last `patience` (default: all of them)."""
+    recent = scores[-patience:]
+    above = sum(s > threshold for s in recent)
+    return scores[-1] > threshold and above >= (votes or patience)
+
+
 @dataclass
 class Examination:
     window: Window
@@ -85,9 +94,7 @@ class SplitWatch:
         of the last `patience` windows (default: all of them, i.e. `patience` in a row). The
         latest window must be one of them: its cut is the one a split makes."""
         self.scores.append(score)
-        patience = self.stability.patience
-        recent = self.scores[-patience:]
-        return score > threshold and sum(s > threshold for s in recent) >= (votes or patience)
+        return split_vote(self.scores, threshold, self.stability.patience, votes)
 
     def state_dict(self) -> dict[str, Any]:
         return {"changes": list(self.stability.changes), "last": self.stability.last,
