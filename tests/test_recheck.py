@@ -11,6 +11,7 @@ import torch
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatch
 from fedflock.experiment import run_experiment
+from fedflock.report import make_report
 from fedflock.validation import validate
 from tests.conftest import small_config
 
@@ -147,6 +148,10 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
     assert all(s["kway_f"] > 3.5 for s in splits)  # the statistic the default decides by
     assert all(len(s["children"]) == s["kway_k"] for s in splits)  # split into the cut
     assert summary["ari"] == 1.0 and summary["num_clusters"] == 4
+    for split in splits:  # each part's members recorded, as a report draws them
+        assert [len(part) for part in split["members"]] == split["sizes"]
+        assert sum(split["sizes"]) == split["examined"] <= split["cluster_size"]
+    assert make_report(tmp_path / "run")  # the similarity at each split, in its parts
 
 
 @pytest.mark.parametrize(("scores", "votes", "verdicts"), [

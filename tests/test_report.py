@@ -222,6 +222,8 @@ def test_split_order_groups_parts_then_client_id() -> None:
     assert sizes == [2, 2]
     order, sizes = split_order(members, {"members": [[5], [7]]})  # inconsistent record
     assert [members[i] for i in order] == [0, 2, 5, 7] and sizes == [4]
+    order, sizes = split_order(members, {"members": 4})  # a count, as older runs recorded
+    assert [members[i] for i in order] == [0, 2, 5, 7] and sizes == [4]
 
 
 def test_tree_layout_and_purity() -> None:

@@ -71,6 +71,9 @@ class Cluster:
     params: torch.Tensor
 
 
+RECORD_KEYS = frozenset({"kind", "round", "parent", "children", "sizes", "members"})
+
+
 @dataclass
 class Decision:
     """One structural decision (a split, a merge, a clustering, a placement): which cluster(s)
@@ -87,6 +90,9 @@ class Decision:
 
     def __post_init__(self) -> None:  # the members at decision time, not as clusters grow
         self.members = [list(m) for m in self.members]
+        taken = RECORD_KEYS.intersection(self.figures)
+        if taken:  # a figure would overwrite the record itself (reports read these keys)
+            raise ValueError(f"decision figures {sorted(taken)} clash with the record's keys")
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "round": self.round, "parent": self.parent,

@@ -288,7 +288,7 @@ class Incremental(ClusteredAlgorithm):
         children = list(range(self._next_id, self._next_id + len(parts)))
         self.record(Decision("split", rnd, cluster.id, children,
                              parts, {"rule": "recheck", **found.stats.figures(),
-                                     "examined": len(held), "members": len(cluster.members)},
+                                     "examined": len(held), "cluster_size": len(cluster.members)},
                              (held, found.window.similarity)))
         self.watches.drop(cluster.id)
         self.children[cluster.id] = children

@@ -264,7 +264,10 @@ def plot_norms(run: RunData, path: Path) -> Path | None:
 def split_order(members: list[int], split: dict[str, Any]) -> tuple[list[int], list[int]]:
     """Matrix rows ordered part by part, then by client id; and the size of each part."""
     pos = {c: i for i, c in enumerate(members)}
-    parts = [sorted(int(c) for c in part if int(c) in pos) for part in split.get("members") or []]
+    recorded = split.get("members")
+    if not (isinstance(recorded, list) and all(isinstance(p, list) for p in recorded)):
+        recorded = []  # runs written before re-examination splits kept their parts held a count
+    parts = [sorted(int(c) for c in part if int(c) in pos) for part in recorded]
     if sum(len(p) for p in parts) != len(members) or len({c for p in parts for c in p}) != len(
             members):
         parts = [sorted(members)]  # no (consistent) record of the parts: client order only
