@@ -139,7 +139,8 @@ def _done(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
 def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[str, Any]
              ) -> dict[str, Any]:
     raw = cell.config(algorithm, seed)
-    raw["algorithm"].update(overrides.get(algorithm, {}))
+    changed = overrides.get(algorithm, {})
+    raw["algorithm"].update(changed)
     where = out / cell.name / algorithm / f"seed{seed}"
     shutil.rmtree(where, ignore_errors=True)  # a run interrupted before its result line
     start = time.perf_counter()
@@ -149,7 +150,8 @@ def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[s
     return {"cell": cell.name, **asdict(cell), "rounds": cell.rounds, "algorithm": algorithm,
             "seed": seed, "accuracy": summary["accuracy"]["mean"], "ari": summary.get("ari"),
             "clusters": summary["num_clusters"], "splits": len(summary.get("splits", [])),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(time.perf_counter() - start, 1)} | (
+                {"params": changed} if changed else {})  # a trial's rows say what it changed
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:

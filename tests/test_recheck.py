@@ -152,6 +152,8 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
         assert [len(part) for part in split["members"]] == split["sizes"]
         assert sum(split["sizes"]) == split["examined"] <= split["cluster_size"]
     assert make_report(tmp_path / "run")  # the similarity at each split, in its parts
+    report = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert report.count("| re-examination (split test) |") == len(splits)
 
 
 @pytest.mark.parametrize(("scores", "votes", "verdicts"), [

@@ -24,6 +24,7 @@ from fedflock.compare import compare
 from fedflock.errors import FedflockError
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
+from fedflock.report.document import decided_by
 from fedflock.report.load import load_compare
 from fedflock.report.plots import (
     leaf_purity,
@@ -133,7 +134,7 @@ def test_run_with_splits_gets_every_figure(cfl_run: Path, cfl_report: list[Path]
     assert text.startswith("# Report: cfl on digits / label_swap (seed 0)")
     assert f"| {100 * summary['accuracy']['mean']:.1f} |" in text
     first = summary["splits"][0]
-    row = f"| 1 | {first['round']} | {first['parent']} → {first['children'][0]}, "
+    row = f"| 1 | {first['round']} | split test | {first['parent']} → {first['children'][0]}, "
     assert row in text
     assert text.count("\n| ") >= 1 + len(summary["splits"])
 
@@ -224,6 +225,16 @@ def test_split_order_groups_parts_then_client_id() -> None:
     assert [members[i] for i in order] == [0, 2, 5, 7] and sizes == [4]
     order, sizes = split_order(members, {"members": 4})  # a count, as older runs recorded
     assert [members[i] for i in order] == [0, 2, 5, 7] and sizes == [4]
+
+
+@pytest.mark.parametrize(("split", "decided"), [
+    ({"kind": "split", "rule": "recheck", "kway_f": 5.0}, "re-examination (split test)"),
+    ({"kind": "split", "modularity": 0.4, "cross_ratio": 0.1}, "Louvain communities"),
+    ({"kind": "split", "pseudo_f": 9.0}, "split test"),
+    ({"kind": "cluster"}, "cluster"),
+])
+def test_each_recorded_decision_says_what_decided_it(split: dict, decided: str) -> None:
+    assert decided_by(split) == decided
 
 
 def test_tree_layout_and_purity() -> None:

@@ -28,7 +28,7 @@ Figure = tuple[Path, str, str]  # file, heading, caption
 
 CAPTIONS = {
     "accuracy": "Test accuracy per round: mean over clients (solid) and the worst client "
-                "(dashed); dotted vertical lines mark rounds in which CFL split a cluster.",
+                "(dashed); dotted vertical lines mark rounds in which a cluster split.",
     "norms": "Split diagnostics per cluster: norm of the cluster's averaged update (solid) and "
              "the largest single-client update norm (dashed). CFL splits a cluster once the "
              "averaged update vanishes while individual clients still move; the lower panel is "
@@ -136,15 +136,30 @@ def splits_table(run: RunData) -> str:
     rows = []
     for i, sp in enumerate(run.splits):
         children = ", ".join(map(str, sp.get("children") or []))
-        rows.append([str(i + 1), str(sp.get("round", "–")), f"{sp.get('parent', '–')} → {children}",
+        rows.append([str(i + 1), str(sp.get("round", "–")), decided_by(sp),
+                     f"{sp.get('parent', '–')} → {children}",
                      " + ".join(map(str, sp.get("sizes") or [])),
                      *(plots.fmt_number(sp.get(k)) for k in (
                          "alpha_intra_min", "alpha_cross_max", "gap", "gamma_max", "gamma_bound",
-                         "pseudo_f", "kway_f", "mean_norm", "max_norm", "modularity"))])
-    return _table(["#", "round", "cluster → children", "sizes", "α intra min", "α cross max",
-                   "gap", "γ max", "γ bound", "pseudo-F (2 parts)", "pseudo-F (best k)",
-                   "‖mean Δ‖", "max ‖Δ‖", "modularity"],
+                         "pseudo_f", "kway_f", "mean_norm", "max_norm", "modularity",
+                         "cross_ratio"))])
+    return _table(["#", "round", "decided by", "cluster → children", "sizes", "α intra min",
+                   "α cross max", "gap", "γ max", "γ bound", "pseudo-F (2 parts)",
+                   "pseudo-F (best k)", "‖mean Δ‖", "max ‖Δ‖", "modularity", "cross ratio"],
                   rows)
+
+
+def decided_by(split: dict[str, Any]) -> str:
+    """What made a recorded decision: incremental clustering's Louvain communities (its
+    modularity and cross ratio), a re-examination's split test, CFL's split test, or the
+    decision's own kind (DistFL's clustering, IFCA's seeding)."""
+    if split.get("rule") == "recheck":
+        return "re-examination (split test)"
+    if "modularity" in split:
+        return "Louvain communities"
+    if split.get("kind") == "split":
+        return "split test"
+    return str(split.get("kind", "–"))
 
 
 def _figures_md(figures: list[Figure], level: str = "###") -> str:

@@ -74,7 +74,7 @@ def _mark_splits(ax: Axes, rounds: Sequence[int]) -> Line2D | None:
         handle = ax.axvline(r, color="0.45", linestyle=":", linewidth=1.0, alpha=0.7, zorder=0)
     if handle is None:
         return None
-    return Line2D([], [], color="0.45", linestyle=":", linewidth=1.0, label="CFL split")
+    return Line2D([], [], color="0.45", linestyle=":", linewidth=1.0, label="split")
 
 
 def _integer_rounds(ax: Axes) -> None:
