@@ -154,6 +154,13 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
     assert make_report(tmp_path / "run")  # the similarity at each split, in its parts
     report = (tmp_path / "run" / "report" / "report.md").read_text()
     assert report.count("| re-examination (split test) |") == len(splits)
+    tree = {node["id"]: node for node in summary["tree"]}  # the splits, as a cluster tree
+    leaves = sorted(node["members"] for node in tree.values() if not node["children"])
+    assert leaves == sorted(sorted(c) for c in summary["clusters"])
+    root = next(node for node in tree.values() if node["parent"] is None)
+    assert root["members"] == sorted(c for leaf in leaves for c in leaf)
+    assert all(tree[c]["parent"] == node["id"] for node in tree.values() for c in node["children"])
+    assert (tmp_path / "run" / "report" / "tree.png").exists()
 
 
 @pytest.mark.parametrize(("scores", "votes", "verdicts"), [

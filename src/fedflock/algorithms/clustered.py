@@ -207,6 +207,27 @@ class ClusteredAlgorithm(Algorithm):
             return self._waiting[self._unplaced[client]]
         return self._cluster_of[client].params
 
+    def tree(self) -> list[dict[str, Any]] | None:
+        """The cluster tree of the recorded splits (CFL keeps its parameter tree instead): each
+        split cluster with its children; a current cluster lists its members now, a split one
+        the members of the current clusters below it (clients still waiting are in none)."""
+        children = {d.parent: list(d.children) for d in self.decisions
+                    if d.kind == "split" and isinstance(d.parent, int)}
+        if not children:
+            return None
+        split_round = {d.parent: d.round for d in self.decisions if d.kind == "split"}
+        parent_of = {child: parent for parent, below in children.items() for child in below}
+        current = {c.id: sorted(c.members) for c in self._clusters}
+
+        def members(node: int) -> list[int]:
+            if node not in children:
+                return current.get(node, [])
+            return sorted(c for child in children[node] for c in members(child))
+
+        return [{"id": node, "parent": parent_of.get(node), "members": members(node),
+                 "split_round": split_round.get(node), "children": children.get(node, [])}
+                for node in sorted(set(children) | set(parent_of))]
+
     def clusters(self) -> list[list[int]]:
         """The clusters, then one group per waiting model of the clients not placed yet."""
         waiting: dict[int, list[int]] = {}

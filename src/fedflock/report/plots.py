@@ -388,7 +388,7 @@ def leaf_purity(members: list[int], truth: list[int] | None) -> tuple[int, float
 
 
 def plot_tree(run: RunData, path: Path) -> Path | None:
-    """The CFL cluster tree: one box per cluster, leaves coloured by majority true group."""
+    """The cluster tree: one box per cluster, leaves coloured by majority true group."""
     nodes = {int(n["id"]): n for n in run.tree if isinstance(n, dict) and "id" in n}
     if len(nodes) < 2:
         return None
