@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -136,6 +137,19 @@ def _done(results: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     return {(r["cell"], r["algorithm"], r["seed"]): r for r in rows}
 
 
+def _check_same_params(done: dict[tuple[str, str, int], dict[str, Any]], methods: list[str],
+                       overrides: dict[str, Any], results: Path) -> None:
+    """A row already in `results` is skipped, so it must come from the same --params (a trial
+    written beside default rows would otherwise keep them without a word); exit 2 if not."""
+    for (cell, algorithm, seed), row in done.items():
+        recorded = {k: v for k, v in row.get("params", {}).items() if k != "note"}
+        if algorithm in methods and recorded != overrides.get(algorithm, {}):
+            print(f"grid.py: {results} holds {cell} {algorithm} seed {seed} run with params "
+                  f"{recorded or 'default'}, not {overrides.get(algorithm) or 'default'}: "
+                  "use another --out", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[str, Any]
              ) -> dict[str, Any]:
     raw = cell.config(algorithm, seed)
@@ -237,6 +251,7 @@ def main() -> None:
     done = _done(results)
     start = time.perf_counter()
     if not args.report:
+        _check_same_params(done, methods, overrides, results)
         for cell in cells:
             for algorithm in [*REFERENCES, *methods]:
                 for seed in seeds:

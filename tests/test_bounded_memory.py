@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from fedflock.algorithms.base import MAX_SAVED_MATRIX, Decision
+from fedflock.algorithms.base import MAX_SAVED_MATRIX, Cluster, Decision
 from fedflock.clustering import ParameterTree
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
@@ -45,6 +46,32 @@ def test_a_large_decision_matrix_is_not_kept() -> None:
     algorithm.record(Decision("split", 2, 1, [3, 4], [[0], [1]],
                               matrix=([0, 1], np.eye(2))))
     assert [d.matrix is None for d in algorithm.decisions] == [True, False]
+
+
+def test_a_decision_keeps_its_record_apart_from_its_figures() -> None:
+    with pytest.raises(ValueError, match="members"):
+        Decision("split", 1, 0, [1, 2], [[0], [1]], {"members": 2})
+    # a checkpoint written when re-examination splits named the cluster's size `members`
+    old = Decision("split", 1, 0, [1, 2], [[0], [1]], {"kway_f": 5.0}).to_state()
+    old["figures"]["members"] = 9
+    restored = Decision.from_state(old).as_dict()
+    assert restored["members"] == [[0], [1]] and restored["cluster_size"] == 9
+
+
+def test_the_cluster_tree_follows_recorded_splits_down_to_the_current_clusters() -> None:
+    algorithm = make_algorithm("fedavg", 6, 3)
+    model = algorithm._clusters[0].params
+    algorithm.record(Decision("split", 4, 0, [1, 2], [[0, 1, 2], [3, 4]]))
+    algorithm.record(Decision("split", 9, 1, [3, 4], [[0, 1], [2]]))  # 1 split again
+    algorithm._clusters = [Cluster(3, [0, 1], model), Cluster(4, [2], model),
+                           Cluster(2, [3, 4], model)]  # client 5 still waits
+    tree = {node["id"]: node for node in algorithm.tree()}
+    assert tree[0] == {"id": 0, "parent": None, "members": [0, 1, 2, 3, 4],  # 5 is waiting
+                       "split_round": 4, "children": [1, 2]}
+    assert tree[1]["members"] == [0, 1, 2] and tree[1]["split_round"] == 9
+    assert [tree[c]["parent"] for c in (3, 4, 2)] == [1, 1, 0]
+    assert not tree[2]["children"] and tree[2]["split_round"] is None
+    assert make_algorithm("fedavg", 6, 3).tree() is None  # no split: no tree
 
 
 def test_incremental_drops_its_store_after_clustering(tmp_path: Path) -> None:

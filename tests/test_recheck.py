@@ -158,8 +158,10 @@ def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> N
     leaves = sorted(node["members"] for node in tree.values() if not node["children"])
     assert leaves == sorted(sorted(c) for c in summary["clusters"])
     root = next(node for node in tree.values() if node["parent"] is None)
-    assert root["members"] == sorted(c for leaf in leaves for c in leaf)
-    assert all(tree[c]["parent"] == node["id"] for node in tree.values() for c in node["children"])
+    assert root["members"] == list(range(PARTIAL["data.clients"]))  # every client placed
+    assert sorted((n["id"], n["split_round"], n["children"]) for n in tree.values()
+                  if n["children"]) == sorted((s["parent"], s["round"], s["children"])
+                                              for s in splits)
     assert (tmp_path / "run" / "report" / "tree.png").exists()
 
 

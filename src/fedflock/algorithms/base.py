@@ -71,8 +71,6 @@ class Cluster:
     params: torch.Tensor
 
 
-RECORD_KEYS = frozenset({"kind", "round", "parent", "children", "sizes", "members"})
-
 
 @dataclass
 class Decision:
@@ -90,14 +88,17 @@ class Decision:
 
     def __post_init__(self) -> None:  # the members at decision time, not as clusters grow
         self.members = [list(m) for m in self.members]
-        taken = RECORD_KEYS.intersection(self.figures)
+        taken = set(self._record()).intersection(self.figures)
         if taken:  # a figure would overwrite the record itself (reports read these keys)
             raise ValueError(f"decision figures {sorted(taken)} clash with the record's keys")
 
-    def as_dict(self) -> dict[str, Any]:
+    def _record(self) -> dict[str, Any]:
         return {"kind": self.kind, "round": self.round, "parent": self.parent,
                 "children": self.children, "sizes": [len(m) for m in self.members],
-                "members": self.members, **self.figures}
+                "members": self.members}
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._record() | self.figures
 
     def to_state(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
@@ -107,7 +108,10 @@ class Decision:
         matrix = state.get("matrix")
         if matrix is not None:  # stored as a tensor (checkpoints hold no numpy objects)
             matrix = (list(matrix[0]), np.asarray(matrix[1]))
-        return cls(**{**state, "matrix": matrix})
+        figures = dict(state.get("figures", {}))
+        if "members" in figures:  # checkpoints written when a re-examination split's figures
+            figures["cluster_size"] = figures.pop("members")  # named the cluster's size so
+        return cls(**{**state, "figures": figures, "matrix": matrix})
 
 
 class Algorithm(ABC):

@@ -208,14 +208,19 @@ class ClusteredAlgorithm(Algorithm):
         return self._cluster_of[client].params
 
     def tree(self) -> list[dict[str, Any]] | None:
-        """The cluster tree of the recorded splits (CFL keeps its parameter tree instead): each
-        split cluster with its children; a current cluster lists its members now, a split one
-        the members of the current clusters below it (clients still waiting are in none)."""
-        children = {d.parent: list(d.children) for d in self.decisions
-                    if d.kind == "split" and isinstance(d.parent, int)}
+        """The cluster tree of the recorded splits, for the summary and the report (CFL keeps
+        its parameter tree instead; incremental clustering's Louvain communities and
+        re-examination splits come out as one tree). Unlike the parameter tree's, a node's
+        members are where clients are now: a current cluster's members, and for a split one
+        those of the current clusters below it (clients still waiting are in none)."""
+        children: dict[int, list[int]] = {}
+        split_round: dict[int, int] = {}
+        for decision in self.decisions:
+            if decision.kind == "split" and isinstance(decision.parent, int):
+                children[decision.parent] = list(decision.children)
+                split_round[decision.parent] = decision.round
         if not children:
             return None
-        split_round = {d.parent: d.round for d in self.decisions if d.kind == "split"}
         parent_of = {child: parent for parent, below in children.items() for child in below}
         current = {c.id: sorted(c.members) for c in self._clusters}
 

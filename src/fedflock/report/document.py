@@ -30,10 +30,11 @@ CAPTIONS = {
     "accuracy": "Test accuracy per round: mean over clients (solid) and the worst client "
                 "(dashed); dotted vertical lines mark rounds in which a cluster split.",
     "norms": "Split diagnostics per cluster: norm of the cluster's averaged update (solid) and "
-             "the largest single-client update norm (dashed). CFL splits a cluster once the "
-             "averaged update vanishes while individual clients still move; the lower panel is "
-             "the pseudo-F statistic the automatic rule tests (of the best cut of the merge "
-             "tree, or of its bipartition).",
+             "the largest single-client update norm (dashed); CFL's eps rule splits a cluster "
+             "once the averaged update vanishes while individual clients still move. The "
+             "lower panel is the pseudo-F statistic the split test (CFL's automatic rule, "
+             "incremental clustering's re-examination) compares with its threshold (of the "
+             "best cut of the merge tree, or of its bipartition).",
     "split": "Cosine similarity of the clients' weight updates when the cluster split; rows and "
              "columns are ordered by the resulting parts (black lines) and the side strips "
              "show each client's true group.",

@@ -1,4 +1,4 @@
-"""The report's figures: accuracy curves, CFL split diagnostics, split heatmaps, cluster tree.
+"""The report's figures: accuracy curves, split diagnostics, split heatmaps, cluster tree.
 
 Figures are built on `matplotlib.figure.Figure` directly (rendered by the Agg canvas) rather
 than through pyplot, so making a report never switches the caller's backend or leaks global
