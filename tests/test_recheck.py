@@ -185,3 +185,54 @@ def test_votes_above_patience_is_a_config_error() -> None:
     raw = small_config(algorithm={"name": "cfl", "patience": 2, "votes": 3})
     with pytest.raises(ConfigError, match="votes"):
         validate(raw)
+
+
+def _probe_round(gen: torch.Generator, probe_direction: torch.Tensor,
+                 own_direction: torch.Tensor, n: int = 4) -> tuple[dict, dict]:
+    probes = dict(enumerate(_updates([probe_direction] * n, gen)))
+    own = dict(zip(range(100, 100 + n), _updates([own_direction] * n, gen), strict=True))
+    return probes, own
+
+
+def test_a_merge_needs_both_models_to_see_one_group_and_two_groups_are_settled_apart() -> None:
+    from fedflock.clustering.merge import MergeTests
+
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.zeros(50), torch.zeros(50)
+    a[0], b[1] = 1.0, 1.0
+    same = MergeTests(patience=2, threshold=3.5, min_side=4)
+    assert same.add(1, 2, *_probe_round(gen, a, a), needed=4) < 3.5  # one group: about 1
+    assert same.verdict(1, 2) is None  # one window, one direction
+    same.add(1, 2, *_probe_round(gen, a, a), needed=4)
+    assert same.verdict(1, 2) is None  # two windows, but both at cluster 2's model
+    same.add(2, 1, *_probe_round(gen, a, a), needed=4)
+    assert same.verdict(1, 2) == "merge" and set(same.last(1, 2)) == {1, 2}
+    apart = MergeTests(patience=2, threshold=3.5, min_side=4)
+    for prober, host in ((1, 2), (2, 1)):
+        assert apart.add(prober, host, *_probe_round(gen, a, b), needed=4) > 3.5
+    assert apart.verdict(1, 2) == "apart" and frozenset((1, 2)) in apart.apart
+    resumed = MergeTests(patience=2, threshold=3.5, min_side=4)
+    resumed.load_state_dict(same.state_dict())
+    assert resumed.verdict(2, 1) == "merge"
+    assert same.needed(2, 40) is None and same.needed(5, 40) == 4 and same.needed(3, 3) == 3
+    half = dict(list(_probe_round(gen, a, a)[0].items())[:2])
+    assert same.add(3, 4, half, {}, needed=4) is None  # a window waits for enough of each side
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_merge_test_undoes_an_over_split(tmp_path: Path) -> None:
+    """Louvain at a high resolution, never merged back, cuts 2 groups into 6 communities; the
+    merge test puts them back together and keeps the two groups apart."""
+    over = {**PARTIAL, "data.scenario.groups": 2, "rounds": 40, "participation.fraction": 1.0}
+    found = {}
+    for merge in (False, True):
+        raw = small_config(**over, algorithm={"name": "incremental", "resolution": 2.0,
+                                              "max_cross_ratio": 1.0, "merge_test": merge})
+        found[merge] = run_experiment(validate(raw), tmp_path / str(merge), quiet=True)
+    assert found[False]["num_clusters"] > 2 and found[False]["ari"] < 0.5
+    assert found[True]["num_clusters"] == 2 and found[True]["ari"] == 1.0
+    merges = [d for d in found[True]["splits"] if d["kind"] == "merge"]
+    assert merges and all(max(v for k, v in d.items() if k.startswith("score_at_")) <= 3.5
+                          for d in merges)
+    assert make_report(tmp_path / "True")
+    assert "| merge |" in (tmp_path / "True" / "report" / "report.md").read_text()

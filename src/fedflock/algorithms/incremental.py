@@ -36,6 +36,12 @@ the parent's heirs. So an under-split (two groups
 Louvain left together, or a clustering done too early) is repaired by later splits, while a
 cluster without structure scores about 1 and stays whole.
 
+Over-splits can be undone (`merge_test`, off until measured on the scenario grid): each
+cluster is paired with the one whose model is nearest; every other sampled member trains the
+partner's model instead of its own (a probe), and when the split test's pseudo-F of the cut
+{probes | the partner's own updates} stays at most `f_threshold` at both models for `patience`
+windows, the two merge (`clustering.merge`). A departure from the paper, which never merges.
+
 Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
 positive edge with them, so they form their own communities and poison only their own models.
 The global model of the FedAvg phase is poisoned, though; `restart: initial` starts every cluster
@@ -71,6 +77,7 @@ from fedflock.clustering.communities import (
     merge_close,
     modularity,
 )
+from fedflock.clustering.merge import MergeTests
 from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatches
@@ -113,6 +120,12 @@ class IncrementalParams(SplitTestParams):
         "(after a poisoned FedAvg phase)")
     recheck: bool = Field(True, description="keep examining every cluster after clustering "
                           "and split it when its members' updates hold two groups")
+    merge_test: bool = Field(False, description="probe each cluster's nearest other at one "
+                             "model and merge the two when the split test finds no groups "
+                             "there (clustering.merge; measured on finished runs, not yet on "
+                             "the grid, so off)")
+    merge_min_probes: int = Field(6, ge=2, description="merge test: probes, and own updates, "
+                                  "a window needs")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
@@ -157,6 +170,8 @@ class Incremental(ClusteredAlgorithm):
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
+        self.merges = MergeTests(p.patience, p.f_threshold, p.merge_min_probes)
+        self._probing: dict[int, tuple[int, int]] = {}  # client -> (its cluster, model's cluster)
 
     def _sketch_size(self) -> int | None:
         sketch = self.params.sketch
@@ -176,10 +191,19 @@ class Incremental(ClusteredAlgorithm):
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered_round is not None:
+            probes = [r for r in replies if r.client in self._probing]
+            replies = [r for r in replies if r.client not in self._probing]
+            own: dict[int, dict[int, torch.Tensor]] = {}  # cluster -> its members' updates
+            for r in replies if probes else []:
+                if r.client not in self._unplaced:
+                    own.setdefault(self._cluster_of[r.client].id, {})[r.client] = \
+                        r.update[: self.update_size]
             out = super().aggregate_train(rnd, replies)
             for diag in out["clusters"]:
                 if diag["replied"]:
                     self.trained_rounds[diag["id"]] = self.trained_rounds.get(diag["id"], 0) + 1
+            if probes:
+                self._test_merges(rnd, probes, own, out)
             return out
         t0 = time.perf_counter()
         if replies:
@@ -301,11 +325,90 @@ class Incremental(ClusteredAlgorithm):
                  "value": self.params.f_threshold,
                  "label": "split threshold"}]
 
+    # -- the merge test (clustering.merge) ----------------------------------------------------
+    def _partner(self, cluster: Cluster) -> Cluster | None:
+        """The cluster whose model is nearest this one's, unless the two were found apart;
+        both must have trained `placement_delay` rounds (before that their models barely
+        differ, as for placing a newcomer). None when there is none."""
+        def settled(c: Cluster) -> bool:
+            return self.trained_rounds.get(c.id, 0) >= self.params.placement_delay
+
+        if not settled(cluster):
+            return None
+        others = [c for c in self._clusters if c is not cluster and settled(c)
+                  and frozenset((c.id, cluster.id)) not in self.merges.apart]
+        width = self.update_size
+        return min(others, default=None, key=lambda c: float(
+            (c.params[:width] - cluster.params[:width]).norm()))
+
+    def _probe_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
+        """Every other sampled member of a cluster with a partner trains the partner's model
+        instead of its own (alternating by round and client id): a probe."""
+        self._probing = {}
+        if not self.params.merge_test or self.clustered_round is None:
+            return tasks
+        partners = {c.id: self._partner(c) for c in self._clusters}
+        out = []
+        for task in tasks:
+            client = task.client
+            cluster = None if client in self._unplaced else self._cluster_of[client]
+            partner = partners.get(cluster.id) if cluster is not None else None
+            if partner is not None and (rnd + client) % 2 == 0:
+                self._probing[client] = (cluster.id, partner.id)
+                task = self.train_task(rnd, client, partner.params)
+            out.append(task)
+        return out
+
+    def _test_merges(self, rnd: int, probes: list[Reply],
+                     own: dict[int, dict[int, torch.Tensor]], out: dict[str, Any]) -> None:
+        """Add this round's probes to their windows; merge a pair the test finds one group."""
+        sizes = {c.id: len(c.members) for c in self._clusters}
+        by_pair: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
+        for r in probes:
+            by_pair.setdefault(self._probing[r.client], {})[r.client] = r.update[
+                : self.update_size]
+        log = []
+        for (prober, host), updates in sorted(by_pair.items()):
+            if not {prober, host} <= sizes.keys():
+                continue  # one of them split or merged this round
+            needed = self.merges.needed(sizes[prober], sizes[host])
+            if needed is None:
+                continue
+            score = self.merges.add(prober, host, updates, own.get(host, {}), needed)
+            if score is not None:
+                log.append({"prober": prober, "host": host, "score": round(score, 4)})
+            if self.merges.verdict(prober, host) == "merge":
+                self._merge(rnd, prober, host)
+                sizes = {c.id: len(c.members) for c in self._clusters}
+        if log:
+            out["merge_test"] = log
+
+    def _merge(self, rnd: int, a: int, b: int) -> None:
+        """The larger of clusters a and b absorbs the other; its model becomes the two models'
+        mean weighted by members (each was FedAvg of its own)."""
+        first, second = (next(c for c in self._clusters if c.id == i) for i in (a, b))
+        kept, absorbed = sorted((first, second), key=lambda c: (-len(c.members), c.id))
+        size = len(kept.members) + len(absorbed.members)
+        kept.params = (kept.params * len(kept.members)
+                       + absorbed.params * len(absorbed.members)) / size
+        kept.members = sorted(kept.members + absorbed.members)
+        self._clusters = [c for c in self._clusters if c is not absorbed]
+        self.children[absorbed.id] = [kept.id]  # clients waiting among its heirs now get kept
+        last = self.merges.last(a, b)  # the latest window's score at each model
+        scores = {"score_at_kept": round(last[kept.id], 4),
+                  "score_at_absorbed": round(last[absorbed.id], 4)}
+        for cluster_id in (a, b):
+            self.watches.drop(cluster_id)
+            self.merges.forget(cluster_id)
+        self._index_members()
+        self.record(Decision("merge", rnd, [a, b], [kept.id], [kept.members],
+                             {"rule": "merge test", **scores}))
+
     # -- clients never seen before clustering --------------------------------------------------
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         if not self._ready_to_place(rnd):  # unplaced clients sit the round out
             clients = [c for c in clients if c not in self._unplaced]
-        return super().configure_train(rnd, clients)
+        return self._probe_tasks(rnd, super().configure_train(rnd, clients))
 
     def _ready_to_place(self, rnd: int) -> bool:
         p = self.params
@@ -367,7 +470,7 @@ class Incremental(ClusteredAlgorithm):
             "store": self.store.state_dict(), "changes": self.stability.changes,
             "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
             "children": self.children,
-            "watches": self.watches.state_dict()}
+            "watches": self.watches.state_dict(), "merges": self.merges.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -377,3 +480,4 @@ class Incremental(ClusteredAlgorithm):
         self.trained_rounds = state["trained_rounds"]
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
         self.watches.load_state_dict(state.get("watches", {}))
+        self.merges.load_state_dict(state.get("merges", {}))
