@@ -163,7 +163,9 @@ def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[s
         summary = run_experiment(validate(raw), where, quiet=True)
     return {"cell": cell.name, **asdict(cell), "rounds": cell.rounds, "algorithm": algorithm,
             "seed": seed, "accuracy": summary["accuracy"]["mean"], "ari": summary.get("ari"),
-            "clusters": summary["num_clusters"], "splits": len(summary.get("splits", [])),
+            "clusters": summary["num_clusters"],
+            "splits": sum(d.get("kind") != "merge" for d in summary.get("splits", [])),
+            "merges": sum(d.get("kind") == "merge" for d in summary.get("splits", [])),
             "seconds": round(time.perf_counter() - start, 1)} | (
                 {"params": changed} if changed else {})  # a trial's rows say what it changed
 

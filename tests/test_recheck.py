@@ -217,6 +217,16 @@ def test_a_merge_needs_both_models_to_see_one_group_and_two_groups_are_settled_a
     assert same.needed(2, 40) is None and same.needed(5, 40) == 4 and same.needed(3, 3) == 3
     half = dict(list(_probe_round(gen, a, a)[0].items())[:2])
     assert same.add(3, 4, half, {}, needed=4) is None  # a window waits for enough of each side
+    single = MergeTests(patience=1, threshold=3.5, min_side=4)  # still both directions
+    single.add(1, 2, *_probe_round(gen, a, a), needed=4)
+    assert single.verdict(1, 2) is None
+    single.add(2, 1, *_probe_round(gen, a, a), needed=4)
+    assert single.verdict(1, 2) == "merge"
+    undecided = MergeTests(patience=2, threshold=3.5, min_side=4)
+    for _ in range(6):  # one direction only, one group: never a merge; after 3 x 2, left apart
+        assert undecided.verdict(1, 2) is None
+        undecided.add(1, 2, *_probe_round(gen, a, a), needed=4)
+    assert undecided.verdict(1, 2) == "apart"
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -234,5 +244,8 @@ def test_the_merge_test_undoes_an_over_split(tmp_path: Path) -> None:
     merges = [d for d in found[True]["splits"] if d["kind"] == "merge"]
     assert merges and all(max(v for k, v in d.items() if k.startswith("score_at_")) <= 3.5
                           for d in merges)
+    tree = {node["id"]: node for node in found[True]["tree"]}  # absorbed: empty, marked
+    absorbed = [n for n in tree.values() if "merged_into" in n]
+    assert len(absorbed) == len(merges) and all(not n["members"] for n in absorbed)
     assert make_report(tmp_path / "True")
     assert "| merge |" in (tmp_path / "True" / "report" / "report.md").read_text()

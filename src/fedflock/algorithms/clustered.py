@@ -210,15 +210,20 @@ class ClusteredAlgorithm(Algorithm):
     def tree(self) -> list[dict[str, Any]] | None:
         """The cluster tree of the recorded splits, for the summary and the report (CFL keeps
         its parameter tree instead; incremental clustering's Louvain communities and
-        re-examination splits come out as one tree). Unlike the parameter tree's, a node's
-        members are where clients are now: a current cluster's members, and for a split one
-        those of the current clusters below it (clients still waiting are in none)."""
+        re-examination splits come out as one tree; a cluster a merge absorbed is a leaf
+        with no members and `merged_into`). Unlike the parameter tree's, a node's members are
+        where clients are now: a current cluster's members, and for a split one those of the
+        current clusters below it (clients still waiting are in none)."""
         children: dict[int, list[int]] = {}
         split_round: dict[int, int] = {}
+        merged_into: dict[int, int] = {}  # an absorbed cluster -> the one that absorbed it
         for decision in self.decisions:
             if decision.kind == "split" and isinstance(decision.parent, int):
                 children[decision.parent] = list(decision.children)
                 split_round[decision.parent] = decision.round
+            elif decision.kind == "merge" and isinstance(decision.parent, list):
+                kept = decision.children[0]
+                merged_into.update({c: kept for c in decision.parent if c != kept})
         if not children:
             return None
         parent_of = {child: parent for parent, below in children.items() for child in below}
@@ -231,6 +236,7 @@ class ClusteredAlgorithm(Algorithm):
 
         return [{"id": node, "parent": parent_of.get(node), "members": members(node),
                  "split_round": split_round.get(node), "children": children.get(node, [])}
+                | ({"merged_into": merged_into[node]} if node in merged_into else {})
                 for node in sorted(set(children) | set(parent_of))]
 
     def clusters(self) -> list[list[int]]:

@@ -36,9 +36,10 @@ the parent's heirs. So an under-split (two groups
 Louvain left together, or a clustering done too early) is repaired by later splits, while a
 cluster without structure scores about 1 and stays whole.
 
-Over-splits can be undone (`merge_test`, off until measured on the scenario grid): each
-cluster is paired with the one whose model is nearest; every other sampled member trains the
-partner's model instead of its own (a probe), and when the split test's pseudo-F of the cut
+Over-splits can be undone (`merge_test`, off until measured on the scenario grid; not under
+attack: a merge could let attackers into a benign cluster): mutually nearest clusters are
+paired; about half of the sampled members train the partner's model instead of their own (a
+probe), and when the split test's pseudo-F of the cut
 {probes | the partner's own updates} stays at most `f_threshold` at both models for `patience`
 windows, the two merge (`clustering.merge`). A departure from the paper, which never merges.
 
@@ -120,11 +121,11 @@ class IncrementalParams(SplitTestParams):
         "(after a poisoned FedAvg phase)")
     recheck: bool = Field(True, description="keep examining every cluster after clustering "
                           "and split it when its members' updates hold two groups")
-    merge_test: bool = Field(False, description="probe each cluster's nearest other at one "
+    merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
                              "model and merge the two when the split test finds no groups "
-                             "there (clustering.merge; measured on finished runs, not yet on "
-                             "the grid, so off)")
-    merge_min_probes: int = Field(6, ge=2, description="merge test: probes, and own updates, "
+                             "there (clustering.merge; off: not yet measured on the grid, and "
+                             "not for runs under attack)")
+    merge_min_probes: int = Field(6, ge=3, description="merge test: probes, and own updates, "
                                   "a window needs")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
@@ -315,6 +316,7 @@ class Incremental(ClusteredAlgorithm):
                                      "examined": len(held), "cluster_size": len(cluster.members)},
                              (held, found.window.similarity)))
         self.watches.drop(cluster.id)
+        self.merges.forget(cluster.id)
         self.children[cluster.id] = children
         return parts
 
@@ -326,28 +328,34 @@ class Incremental(ClusteredAlgorithm):
                  "label": "split threshold"}]
 
     # -- the merge test (clustering.merge) ----------------------------------------------------
-    def _partner(self, cluster: Cluster) -> Cluster | None:
-        """The cluster whose model is nearest this one's, unless the two were found apart;
-        both must have trained `placement_delay` rounds (before that their models barely
-        differ, as for placing a newcomer). None when there is none."""
-        def settled(c: Cluster) -> bool:
-            return self.trained_rounds.get(c.id, 0) >= self.params.placement_delay
-
-        if not settled(cluster):
-            return None
-        others = [c for c in self._clusters if c is not cluster and settled(c)
-                  and frozenset((c.id, cluster.id)) not in self.merges.apart]
-        width = self.update_size
-        return min(others, default=None, key=lambda c: float(
-            (c.params[:width] - cluster.params[:width]).norm()))
+    def _partners(self) -> dict[int, Cluster]:
+        """Pairs under test: clusters whose models are each other's nearest among those that
+        can be tested together (both trained `placement_delay` rounds, as before placing a
+        newcomer: until then the models barely differ; both large enough for a window; not
+        found apart). Mutual, so both directions of a pair are probed; a cluster whose nearest
+        is taken waits until that pair is decided."""
+        ready = [c for c in self._clusters
+                 if self.trained_rounds.get(c.id, 0) >= self.params.placement_delay]
+        if len(ready) < 2:
+            return {}
+        models = torch.stack([c.params[: self.update_size] for c in ready]).double()
+        distance = torch.cdist(models, models)
+        for i, a in enumerate(ready):
+            for j, b in enumerate(ready):
+                if i == j or frozenset((a.id, b.id)) in self.merges.apart or \
+                        self.merges.needed(len(a.members), len(b.members)) is None:
+                    distance[i, j] = math.inf
+        nearest = distance.argmin(dim=1).tolist()
+        return {a.id: ready[j] for i, (a, j) in enumerate(zip(ready, nearest, strict=True))
+                if math.isfinite(distance[i, j]) and nearest[j] == i}
 
     def _probe_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
-        """Every other sampled member of a cluster with a partner trains the partner's model
-        instead of its own (alternating by round and client id): a probe."""
+        """Every other sampled member of a cluster under test (by round and client id) trains
+        the partner's model instead of its own: a probe."""
         self._probing = {}
         if not self.params.merge_test or self.clustered_round is None:
             return tasks
-        partners = {c.id: self._partner(c) for c in self._clusters}
+        partners = self._partners()
         out = []
         for task in tasks:
             client = task.client

@@ -6,11 +6,12 @@ of cluster A train cluster B's model instead of their own (probes); beside the u
 members computed at the same model, the split test's pseudo-F of the cut {A's probes | B's
 updates} is about 1 when A and B hold one group and large when they point apart (measured with
 `benchmarks/merge_probe.py` on the grid's default runs: one group 0.9-3.1, two groups 5.1 and
-up; README *Scenario grid*). The pair merges once its last `patience` windows, of both
-directions (A's probes at B's model, B's at A's) and each direction among them, scored at most
-the split bar; it is settled apart, and no longer probed, once its last `patience` windows all
-scored above it. The bar is the split test's own: a merge undoes what that test would not have
-done.
+up; README *Scenario grid*). The pair merges once its last `patience` windows (at least 2), of
+both directions (A's probes at B's model, B's at A's) and each direction among them, scored at
+most the split bar; it is settled apart, and no longer probed, once its last `patience` windows
+all scored above it, or after `GIVE_UP` times `patience` windows without a merge (scores that
+straddle the bar would otherwise keep it probing for ever). The bar is the split test's own: a
+merge undoes what that test would not have done.
 
 A window of one direction collects probes and own updates, one per client (a later one replaces
 an earlier), and closes when each side holds `min_side` clients, or all of a smaller cluster's
@@ -31,6 +32,7 @@ from fedflock.clustering.split_stats import pseudo_f
 from fedflock.similarity import cosine_from_gram, gram_matrix
 
 MIN_SIDE = 3  # the fewest clients a side of a probe window can hold
+GIVE_UP = 3  # windows, in multiples of `patience`, after which an undecided pair is left apart
 
 
 @dataclass
@@ -43,8 +45,8 @@ class ProbeWindow:
     def add(self, probes: dict[int, torch.Tensor], own: dict[int, torch.Tensor],
             min_side: int) -> float | None:
         """Add one round's updates at the host's model; the closed window's score, if any."""
-        self.probes.update(probes)
-        self.own.update(own)
+        self.probes.update({c: u.clone() for c, u in probes.items()})  # not views of a
+        self.own.update({c: u.clone() for c, u in own.items()})  # round's (k, P) replies
         if min(len(self.probes), len(self.own)) < min_side:
             return None
         updates = torch.stack([*self.probes.values(), *self.own.values()])
@@ -77,15 +79,17 @@ class MergeTests:
 
     def verdict(self, a: int, b: int) -> str | None:
         """'merge', 'apart' (recorded: the pair is no longer probed) or None (not yet)."""
-        recent = self.scores.get(frozenset((a, b)), [])[-self.patience:]
-        if len(recent) < self.patience:
-            return None
-        if all(score > self.threshold for _, score in recent):
-            self.apart.add(frozenset((a, b)))
-            return "apart"
-        if all(score <= self.threshold for _, score in recent) and \
+        pair = frozenset((a, b))
+        scores = self.scores.get(pair, [])
+        recent = scores[-max(self.patience, 2):]
+        if len(recent) == max(self.patience, 2) and \
+                all(score <= self.threshold for _, score in recent) and \
                 {host for host, _ in recent} == {a, b}:
             return "merge"
+        if (len(recent) >= self.patience and all(s > self.threshold for _, s in recent[
+                -self.patience:])) or len(scores) >= GIVE_UP * self.patience:
+            self.apart.add(pair)
+            return "apart"
         return None
 
     def last(self, a: int, b: int) -> dict[int, float]:

@@ -59,7 +59,8 @@ class RunData:
 
     @property
     def split_rounds(self) -> list[int]:
-        return [int(s["round"]) for s in self.splits if "round" in s]
+        """Rounds of the recorded decisions that split a cluster (merges are not splits)."""
+        return [int(s["round"]) for s in self.splits if "round" in s and s.get("kind") != "merge"]
 
     @property
     def true_groups(self) -> list[int] | None:

@@ -414,6 +414,8 @@ def plot_tree(run: RunData, path: Path) -> Path | None:
             if node.get("children"):
                 if node.get("split_round") is not None:
                     text += f"\nsplit at round {node['split_round']}"
+            elif node.get("merged_into") is not None:
+                text += f"\nmerged into {node['merged_into']}"
             else:
                 purity = leaf_purity(members, truth)
                 if purity is not None:
