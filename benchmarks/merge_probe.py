@@ -55,9 +55,7 @@ def cut_score(runtime: ClientRuntime, model: torch.Tensor, probes: list[int],
 def probe_run(run_dir: Path, members: int, rng: np.random.Generator,
               threshold: float | None = None) -> list[dict[str, Any]]:
     run = RunDirectory(run_dir)
-    raw = load_raw(run.config_path)
-    raw["algorithm"] = {k: v for k, v in raw["algorithm"].items() if k != "f_reproduced"}
-    config = validate(raw)  # (f_reproduced: a trial's key, not a parameter of main)
+    config = validate(load_raw(run.config_path))
     if threshold is None:
         threshold = validate_params(config.algorithm).f_threshold
     state = run.read_checkpoint(config.algorithm.name)["algorithm"]

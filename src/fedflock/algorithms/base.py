@@ -71,7 +71,6 @@ class Cluster:
     params: torch.Tensor
 
 
-
 @dataclass
 class Decision:
     """One structural decision (a split, a merge, a clustering, a placement): which cluster(s)

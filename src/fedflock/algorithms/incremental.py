@@ -125,8 +125,9 @@ class IncrementalParams(SplitTestParams):
                              "model and merge the two when the split test finds no groups "
                              "there (clustering.merge; off: not yet measured on the grid, and "
                              "not for runs under attack)")
-    merge_min_probes: int = Field(6, ge=3, description="merge test: probes, and own updates, "
-                                  "a window needs")
+    merge_min_probes: int = Field(12, ge=3, description="merge test: probes, and own updates, "
+                                  "a window needs (6 merged feature_skew's invert group back on "
+                                  "the grid, 12 did not)")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
@@ -194,11 +195,12 @@ class Incremental(ClusteredAlgorithm):
         if self.clustered_round is not None:
             probes = [r for r in replies if r.client in self._probing]
             replies = [r for r in replies if r.client not in self._probing]
-            own: dict[int, dict[int, torch.Tensor]] = {}  # cluster -> its members' updates
-            for r in replies if probes else []:
-                if r.client not in self._unplaced:
-                    own.setdefault(self._cluster_of[r.client].id, {})[r.client] = \
-                        r.update[: self.update_size]
+            hosts = {host for _, host in self._probing.values()}
+            own: dict[int, dict[int, torch.Tensor]] = {}  # host -> its members' own updates
+            for r in replies:
+                cluster = self._cluster_of.get(r.client)  # (none for a client placed now)
+                if cluster is not None and cluster.id in hosts:
+                    own.setdefault(cluster.id, {})[r.client] = r.update[: self.update_size]
             out = super().aggregate_train(rnd, replies)
             for diag in out["clusters"]:
                 if diag["replied"]:
@@ -380,8 +382,7 @@ class Incremental(ClusteredAlgorithm):
             if not {prober, host} <= sizes.keys():
                 continue  # one of them split or merged this round
             needed = self.merges.needed(sizes[prober], sizes[host])
-            if needed is None:
-                continue
+            assert needed is not None  # `_partners` pairs only clusters large enough; they grow
             score = self.merges.add(prober, host, updates, own.get(host, {}), needed)
             if score is not None:
                 log.append({"prober": prober, "host": host, "score": round(score, 4)})

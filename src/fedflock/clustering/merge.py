@@ -5,8 +5,8 @@ cluster's updates are noise around zero either way. At one model they can. Some 
 of cluster A train cluster B's model instead of their own (probes); beside the updates B's own
 members computed at the same model, the split test's pseudo-F of the cut {A's probes | B's
 updates} is about 1 when A and B hold one group and large when they point apart (measured with
-`benchmarks/merge_probe.py` on the grid's default runs: one group 0.9-3.1, two groups 5.1 and
-up; README *Scenario grid*). The pair merges once its last `patience` windows (at least 2), of
+`benchmarks/merge_probe.py` on the grid's default runs: one group 0.9-3.1, two groups 5.05
+and up; README *Scenario grid*). The pair merges once its last `patience` windows (at least 2), of
 both directions (A's probes at B's model, B's at A's) and each direction among them, scored at
 most the split bar; it is settled apart, and no longer probed, once its last `patience` windows
 all scored above it, or after `GIVE_UP` times `patience` windows without a merge (scores that
@@ -16,8 +16,9 @@ merge undoes what that test would not have done.
 A window of one direction collects probes and own updates, one per client (a later one replaces
 an earlier), and closes when each side holds `min_side` clients, or all of a smaller cluster's
 (at least 3: a pseudo-F needs a scatter within each side); with fewer probes the two groups'
-scores come down towards the bar (4.0 at 6 a side mid-run, 7.7 at 12), which `patience` windows
-in both directions guard.
+scores come down towards the bar (4.0 at 6 a side mid-run, 7.7 at 12; on the grid, windows of 6
+merged feature_skew's invert group back, windows of 12 did not), which `patience` windows in
+both directions also guard.
 """
 
 from __future__ import annotations
@@ -81,13 +82,13 @@ class MergeTests:
         """'merge', 'apart' (recorded: the pair is no longer probed) or None (not yet)."""
         pair = frozenset((a, b))
         scores = self.scores.get(pair, [])
-        recent = scores[-max(self.patience, 2):]
-        if len(recent) == max(self.patience, 2) and \
-                all(score <= self.threshold for _, score in recent) and \
-                {host for host, _ in recent} == {a, b}:
+        both = scores[-max(self.patience, 2):]  # a merge needs both models among them
+        if len(both) == max(self.patience, 2) and {host for host, _ in both} == {a, b} \
+                and all(score <= self.threshold for _, score in both):
             return "merge"
-        if (len(recent) >= self.patience and all(s > self.threshold for _, s in recent[
-                -self.patience:])) or len(scores) >= GIVE_UP * self.patience:
+        recent = scores[-self.patience:]
+        if (len(recent) == self.patience and all(s > self.threshold for _, s in recent)) \
+                or len(scores) >= GIVE_UP * self.patience:
             self.apart.add(pair)
             return "apart"
         return None
