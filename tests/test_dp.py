@@ -49,12 +49,25 @@ def test_every_algorithm_runs_two_rounds_under_client_level_dp(name: str) -> Non
     dp = summary["dp"]
     assert dp["mechanism"] == "client" and dp["delta"] == 1e-5
     assert 2.9 <= dp["epsilon"] <= 3.0, dp
-    assert dp["releases_per_client"] == 2 + ALGORITHMS.get(name).final_releases
+    probes = 2 if QUICK.get(name, {}).get("merge_test") else 0  # a second release a round
+    assert dp["releases_per_client"] == 2 + ALGORITHMS.get(name).final_releases + probes
     members = sorted(c for part in summary["clusters"] for c in part)
     assert members == list(range(6))
     assert not summary.get("rejected_replies"), summary.get("rejected_replies")
     values = summary["accuracy"]["per_client"]
     assert all(v is not None and 0 <= v <= 1 for v in values), values
+
+
+
+def test_merge_probes_are_accounted_as_a_second_release_each_round() -> None:
+    """A probe trains on the client's data and goes to the server: counted like an update."""
+    algorithm = {"name": "incremental", "merge_test": True}
+    for mechanism, dp in (("client", {"epsilon": 3.0, "clip": 0.5}), ("dp-sgd", {})):
+        cfg = validate(small_config(rounds=4, algorithm=algorithm, **_dp(mechanism, **dp)))
+        assert cfg.privacy.dp._releases == 8
+        plain = validate(small_config(rounds=4, algorithm={**algorithm, "merge_test": False},
+                                      **_dp(mechanism, **dp)))
+        assert plain.privacy.dp._releases == 4
 
 
 def test_released_update_is_clipped_before_the_noise() -> None:

@@ -3,6 +3,7 @@ examining a cluster, and incremental clustering repairing an under-split with it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,22 @@ def test_the_merge_test_undoes_an_over_split(tmp_path: Path) -> None:
     assert len(absorbed) == len(merges) and all(not n["members"] for n in absorbed)
     assert make_report(tmp_path / "True")
     assert "| merge |" in (tmp_path / "True" / "report" / "report.md").read_text()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_probes_change_nothing_until_a_merge(tmp_path: Path) -> None:
+    """Probes are side tasks: members train the partner's model besides their own, so a run
+    whose pairs are found apart is the run without the test, at the price of more traffic."""
+    apart = {**PARTIAL, "data.scenario.groups": 2, "rounds": 30}
+    found = {}
+    for merge in (False, True):
+        raw = small_config(**apart, algorithm={"name": "incremental", "merge_test": merge})
+        found[merge] = run_experiment(validate(raw), tmp_path / str(merge), quiet=True)
+    rounds = [json.loads(line) for line in (tmp_path / "True" / "metrics.jsonl").open()]
+    scores = [s["score"] for r in rounds for s in r.get("algorithm", r).get("merge_test", [])]
+    assert scores and min(scores) > 3.5  # pairs were probed, and found apart
+    assert not [d for d in found[True]["splits"] if d["kind"] == "merge"]
+    assert found[True]["accuracy"] == found[False]["accuracy"]
+    assert found[True]["clusters"] == found[False]["clusters"]
+    up = [found[m]["communication"]["up_floats"] for m in (False, True)]
+    assert up[1] > up[0]  # the probes travelled

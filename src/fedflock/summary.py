@@ -110,7 +110,7 @@ def dp_summary(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
     n = engine.num_clients
     sizes = [engine.declared[c] for c in range(n) if c in engine.declared]
     return accounting(dp, config.training, sizes, config.rounds,
-                      releases_of(config.rounds, type(algorithm)),
+                      releases_of(config.rounds, type(algorithm), algorithm.params),
                       config.participation.per_round(n), n)
 
 

@@ -34,9 +34,10 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         known = ", ".join([*BUILTIN_SCENARIOS, *SCENARIOS])
         raise ConfigError(f"config: data.scenario.kind: unknown scenario {kind!r} "
                           f"(expected one of: {known})")
-    validate_params(config.algorithm)
+    params = validate_params(config.algorithm)
     if config.privacy.dp is not None:  # the clients' noise depends on the run's length
-        prepare_dp(config.privacy.dp, config.rounds, ALGORITHMS.get(config.algorithm.name))
+        prepare_dp(config.privacy.dp, config.rounds, ALGORITHMS.get(config.algorithm.name),
+                   params)
     return config
 
 

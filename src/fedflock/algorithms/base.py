@@ -159,6 +159,23 @@ class Algorithm(ABC):
         """Clients that belong to no cluster yet (partial participation); none by default."""
         return []
 
+    def side_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
+        """Tasks a round adds beside `tasks` (at most one per client that has a task; it
+        travels in the same message), e.g. a measurement that must not take the place of the
+        client's training. Their checked replies reach `receive_side` before `aggregate_train`.
+        None by default."""
+        return []
+
+    def receive_side(self, rnd: int, replies: list[Reply]) -> None:  # noqa: B027 (optional)
+        """Consume the replies of this round's `side_tasks`."""
+
+    @classmethod
+    def releases(cls, params: BaseModel, rounds: int) -> int:
+        """Updates each client may release over a run, for differential-privacy accounting:
+        one per round plus `final_releases`; an algorithm whose `side_tasks` release updates
+        counts them too."""
+        return rounds + cls.final_releases
+
     def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
         """Extra tasks after the last round (e.g. fine-tuning); none by default."""
         return []

@@ -38,10 +38,13 @@ cluster without structure scores about 1 and stays whole.
 
 Over-splits can be undone (`merge_test`, off until measured on the scenario grid; not under
 attack: a merge could let attackers into a benign cluster): mutually nearest clusters are
-paired; about half of the sampled members train the partner's model instead of their own (a
-probe), and when the split test's pseudo-F of the cut
+paired; sampled members also train the partner's model, beside their own, as many as the
+pair's windows still need (a probe: a side task in the same message, so it costs the client a
+second training and upload, the cluster nothing; under differential privacy it is accounted as
+a second release each round), and when the split test's pseudo-F of the cut
 {probes | the partner's own updates} stays at most `f_threshold` at both models for `patience`
-windows, the two merge (`clustering.merge`). A departure from the paper, which never merges.
+windows, the two merge (`clustering.merge`). Until a merge, a run with the test is the run
+without it. A departure from the paper, which never merges.
 
 Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
 positive edge with them, so they form their own communities and poison only their own models.
@@ -174,6 +177,13 @@ class Incremental(ClusteredAlgorithm):
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
         self.merges = MergeTests(p.patience, p.f_threshold, p.merge_min_probes)
         self._probing: dict[int, tuple[int, int]] = {}  # client -> (its cluster, model's cluster)
+        self._probes: list[Reply] = []  # this round's probe replies (`receive_side`)
+
+    @classmethod
+    def releases(cls, params: Any, rounds: int) -> int:
+        """A probe (`merge_test`) is a second update a client may release in a round."""
+        base = super().releases(params, rounds)
+        return base + rounds if params is not None and params.merge_test else base
 
     def _sketch_size(self) -> int | None:
         sketch = self.params.sketch
@@ -193,8 +203,7 @@ class Incremental(ClusteredAlgorithm):
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered_round is not None:
-            probes = [r for r in replies if r.client in self._probing]
-            replies = [r for r in replies if r.client not in self._probing]
+            probes, self._probes = self._probes, []
             hosts = {host for _, host in self._probing.values()}
             own: dict[int, dict[int, torch.Tensor]] = {}  # host -> its members' own updates
             for r in replies:
@@ -351,23 +360,33 @@ class Incremental(ClusteredAlgorithm):
         return {a.id: ready[j] for i, (a, j) in enumerate(zip(ready, nearest, strict=True))
                 if math.isfinite(distance[i, j]) and nearest[j] == i}
 
-    def _probe_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
-        """Every other sampled member of a cluster under test (by round and client id) trains
-        the partner's model instead of its own: a probe."""
-        self._probing = {}
+    def side_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
+        """Probes: sampled members of a cluster under test, besides training their own model,
+        train the partner's, as many as the pair's open window still lacks (members not yet
+        in it first)."""
+        self._probing, self._probes = {}, []
         if not self.params.merge_test or self.clustered_round is None:
-            return tasks
+            return []
         partners = self._partners()
-        out = []
+        sampled: dict[int, list[int]] = {}  # cluster under test -> its members with a task
         for task in tasks:
-            client = task.client
-            cluster = None if client in self._unplaced else self._cluster_of[client]
-            partner = partners.get(cluster.id) if cluster is not None else None
-            if partner is not None and (rnd + client) % 2 == 0:
-                self._probing[client] = (cluster.id, partner.id)
-                task = self.train_task(rnd, client, partner.params)
-            out.append(task)
+            cluster = None if task.client in self._unplaced else \
+                self._cluster_of.get(task.client)
+            if cluster is not None and cluster.id in partners:
+                sampled.setdefault(cluster.id, []).append(task.client)
+        sizes = {c.id: len(c.members) for c in self._clusters}
+        out: list[Task] = []
+        for cluster_id, clients in sorted(sampled.items()):
+            partner = partners[cluster_id]
+            needed = self.merges.needed(sizes[cluster_id], sizes[partner.id])
+            assert needed is not None  # `_partners` pairs only clusters large enough
+            for client in self.merges.probers(cluster_id, partner.id, clients, needed):
+                self._probing[client] = (cluster_id, partner.id)
+                out.append(self.train_task(rnd, client, partner.params))
         return out
+
+    def receive_side(self, rnd: int, replies: list[Reply]) -> None:
+        self._probes = list(replies)
 
     def _test_merges(self, rnd: int, probes: list[Reply],
                      own: dict[int, dict[int, torch.Tensor]], out: dict[str, Any]) -> None:
@@ -417,7 +436,7 @@ class Incremental(ClusteredAlgorithm):
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         if not self._ready_to_place(rnd):  # unplaced clients sit the round out
             clients = [c for c in clients if c not in self._unplaced]
-        return self._probe_tasks(rnd, super().configure_train(rnd, clients))
+        return super().configure_train(rnd, clients)
 
     def _ready_to_place(self, rnd: int) -> bool:
         p = self.params

@@ -1,17 +1,17 @@
 """Undo a split that found no groups: the split test asked again, at one model.
 
-Two clusters' own updates cannot say whether they hold one group: near its own model each
-cluster's updates are noise around zero either way. At one model they can. Some sampled members
-of cluster A train cluster B's model instead of their own (probes); beside the updates B's own
-members computed at the same model, the split test's pseudo-F of the cut {A's probes | B's
-updates} is about 1 when A and B hold one group and large when they point apart (measured with
-`benchmarks/merge_probe.py` on the grid's default runs: one group 0.9-3.1, two groups 5.05
-and up; README *Scenario grid*). The pair merges once its last `patience` windows (at least 2), of
-both directions (A's probes at B's model, B's at A's) and each direction among them, scored at
-most the split bar; it is settled apart, and no longer probed, once its last `patience` windows
-all scored above it, or after `GIVE_UP` times `patience` windows without a merge (scores that
-straddle the bar would otherwise keep it probing for ever). The bar is the split test's own: a
-merge undoes what that test would not have done.
+Two clusters' own updates cannot say whether they hold one group: near its own model each cluster's
+updates are noise around zero either way. At one model they can. Some sampled members of cluster A
+also train cluster B's model, beside their own (probes: side tasks, so a cluster's training loses
+nothing to them); beside the updates B's own members computed at the same model, the split test's
+pseudo-F of the cut {A's probes | B's updates} is about 1 when A and B hold one group and large
+when they point apart (measured with `benchmarks/merge_probe.py` on the grid's default runs: one
+group 0.9-3.1, two groups 5.05 and up; README *Scenario grid*). The pair merges once its last
+`patience` windows (at least 2), of both directions (A's probes at B's model, B's at A's) and each
+direction among them, scored at most the split bar; it is settled apart, and no longer probed, once
+its last `patience` windows all scored above it, or after `GIVE_UP` times `patience` windows
+without a merge (scores that straddle the bar would otherwise keep it probing for ever). The bar is
+the split test's own: a merge undoes what that test would not have done.
 
 A window of one direction collects probes and own updates, one per client (a later one replaces
 an earlier), and closes when each side holds `min_side` clients, or all of a smaller cluster's
@@ -70,6 +70,15 @@ class MergeTests:
         """Clients each side of a window needs (None: a cluster too small to test)."""
         smaller = min(prober_size, host_size)
         return None if smaller < MIN_SIDE else min(self.min_side, smaller)
+
+    def probers(self, prober: int, host: int, sampled: list[int], needed: int) -> list[int]:
+        """Which of the prober cluster's sampled members probe the host's model this round:
+        as many as its open window lacks, members it does not hold yet first."""
+        window = self.windows.get((prober, host))
+        held = window.probes.keys() if window is not None else set()
+        lacking = max(needed - len(held), 0)
+        fresh = [c for c in sampled if c not in held]
+        return fresh[:lacking]
 
     def add(self, prober: int, host: int, probes: dict[int, torch.Tensor],
             own: dict[int, torch.Tensor], needed: int) -> float | None:

@@ -162,12 +162,12 @@ class Engine(ABC):
                                 f"{self.norm_bound:g} x the median {median:.4g} of its cluster")
         return [r for r in replies if r.client not in refused]
 
-    def run_paired(self, rnd: int, probes: list[Task], tasks: list[Task]
-                   ) -> tuple[list[Reply], list[Reply]]:
-        """Replies to `probes` and to `tasks`, where probe i and task i go to the same client
-        (an evaluation of the model a client receives, and its training). An engine that pays
-        per message (Flower) sends each pair as one message; here they simply run."""
-        return self.run_tasks(rnd, probes), self.run_tasks(rnd, tasks)
+    def run_together(self, rnd: int, lists: list[list[Task]]) -> list[list[Reply]]:
+        """The replies to each list of tasks, where every list holds at most one task per
+        client and a client may have a task in several (an evaluation of the model it receives,
+        a side task, its training). An engine that pays per message (Flower) sends a client's
+        tasks as one message; here they simply run."""
+        return [self.run_tasks(rnd, tasks) if tasks else [] for tasks in lists]
 
     def exchange(self, rnd: int, tasks: list[Task]) -> list[Reply]:
         """Send tasks, collect the replies (malicious ones poisoned on their way: the server
@@ -175,15 +175,17 @@ class Engine(ABC):
         tensor of every task and accepted reply) and the clients that did not answer."""
         return self.settle(rnd, tasks, self.run_tasks(rnd, tasks))
 
-    def settle(self, rnd: int, tasks: list[Task], replies: list[Reply]) -> list[Reply]:
-        """`exchange` once the replies are in."""
+    def settle(self, rnd: int, tasks: list[Task], replies: list[Reply],
+               count_missing: bool = True) -> list[Reply]:
+        """`exchange` once the replies are in (`count_missing`: False for side tasks, which
+        travel with a task whose missing reply is counted)."""
         if self.adversary is not None:
             replies = self.adversary(rnd, replies)
         replies = self.accept(rnd, tasks, replies)
         self.communication["down_floats"] += sum(t.num_floats for t in tasks)
         self.communication["up_floats"] += sum(r.num_floats for r in replies)
         answered = {r.client for r in replies}
-        for task in tasks:
+        for task in tasks if count_missing else []:
             if task.client not in answered:
                 self.missing.setdefault(task.client, []).append(rnd)
         return replies
@@ -194,19 +196,20 @@ class Engine(ABC):
         """One round of training; returns (algorithm diagnostics, seconds per phase, the
         evaluation). With `evaluate`, every client given a task first scores the model the
         server holds for it as the round begins (`model_of`: the model it receives) on its
-        held-out data, in the same message as its task; otherwise the evaluation is empty."""
+        held-out data, in the same message as its task; otherwise the evaluation is empty.
+        The algorithm's side tasks travel in the same message too."""
         t0 = time.perf_counter()
         tasks = algorithm.configure_train(rnd, clients)
+        side = algorithm.side_tasks(rnd, tasks)
         t1 = time.perf_counter()
-        evaluation: dict[int, dict[str, float]] = {}
-        if evaluate:
-            probes: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
-                                  for t in tasks]
-            scored, replies = self.run_paired(rnd, probes, tasks)
-            evaluation = self.scores(rnd, probes, scored)
-            replies = self.settle(rnd, tasks, replies)
-        else:
-            replies = self.exchange(rnd, tasks)
+        probes: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
+                              for t in tasks] if evaluate else []
+        scored, side_replies, replies = self.run_together(rnd, [probes, side, tasks])
+        evaluation = self.scores(rnd, probes, scored) if evaluate else {}
+        if side:
+            algorithm.receive_side(rnd, self.settle(rnd, side, side_replies,
+                                                    count_missing=False))
+        replies = self.settle(rnd, tasks, replies)
         t2 = time.perf_counter()
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()

@@ -33,8 +33,9 @@ noised update and chose which clients take part, is the adversary it protects ag
   one σ is calibrated so that the smallest client meets the target, and the summary reports the
   maximum over clients (the guarantee) and the smallest.
 Releases are counted as one per client per round, every round (exact under full participation,
-an upper bound otherwise), plus `final_releases` when an algorithm class declares that its final
-tasks release updates (e.g. fine-tuning). Opacus's RDP analysis assumes Poisson sampling; the
+an upper bound otherwise), plus what an algorithm declares (`Algorithm.releases`): final tasks
+that release updates (e.g. fine-tuning) and side tasks that do (incremental's merge probes: two
+per round, an upper bound). Opacus's RDP analysis assumes Poisson sampling; the
 client mechanism's rate-1 accounting needs no sampling assumption.
 
 Only updates are covered (train, gradient and select's training); other client releases are not
@@ -72,10 +73,11 @@ COVERS = ("model updates (train, gradient, select's training), BatchNorm statist
           "bases")
 
 
-def releases_of(rounds: int, algorithm: type | None) -> int:
-    """Update releases each client is accounted for: one per round plus the algorithm's
-    declared `final_releases` (final tasks that release an update, e.g. fine-tuning)."""
-    return rounds + (algorithm.final_releases if algorithm is not None else 0)
+def releases_of(rounds: int, algorithm: type | None, params: Any = None) -> int:
+    """Update releases each client is accounted for: one per round plus what the algorithm
+    declares (`Algorithm.releases`: final tasks that release an update, e.g. fine-tuning, and
+    side tasks that do, e.g. incremental's merge probes)."""
+    return rounds if algorithm is None else algorithm.releases(params, rounds)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,10 +167,10 @@ def plan(cfg: DPConfig, training: TrainingConfig, sizes: Sequence[int], releases
     return Plan(cfg, releases, sigma, by_size)
 
 
-def prepare(cfg: DPConfig, rounds: int, algorithm: type | None) -> None:
+def prepare(cfg: DPConfig, rounds: int, algorithm: type | None, params: Any = None) -> None:
     """Validation's part (it alone sees the whole config): record how many releases each
     client is accounted for, and refuse an unreachable client-level ε before anything runs."""
-    cfg._releases = releases_of(rounds, algorithm)
+    cfg._releases = releases_of(rounds, algorithm, params)
     if cfg.mechanism == "client" and cfg.epsilon is not None:
         calibrate(cfg.epsilon, cfg.delta, 1.0, cfg._releases)
 

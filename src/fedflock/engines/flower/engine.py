@@ -248,9 +248,15 @@ class FlowerEngine(Engine):
         replies = self._run_bundles(rnd, [[t] for t in tasks])
         return [replies[c][0] for c in sorted(replies)]
 
-    def run_paired(self, rnd: int, probes: list[Task], tasks: list[Task]
-                   ) -> tuple[list[Reply], list[Reply]]:
-        """Each client's probe and task in one message, so a round is one round trip."""
-        replies = self._run_bundles(rnd, [[p, t] for p, t in zip(probes, tasks, strict=True)])
-        return ([replies[c][0] for c in sorted(replies)],
-                [replies[c][1] for c in sorted(replies)])
+    def run_together(self, rnd: int, lists: list[list[Task]]) -> list[list[Reply]]:
+        """Each client's tasks of all lists in one message, so a round is one round trip."""
+        bundles: dict[int, list[tuple[int, Task]]] = {}  # client -> (list index, task)
+        for index, tasks in enumerate(lists):
+            for task in tasks:
+                bundles.setdefault(task.client, []).append((index, task))
+        replies = self._run_bundles(rnd, [[t for _, t in b] for b in bundles.values()])
+        out: list[list[Reply]] = [[] for _ in lists]
+        for client in sorted(replies):
+            for (index, _), reply in zip(bundles[client], replies[client], strict=True):
+                out[index].append(reply)
+        return out
