@@ -18,7 +18,8 @@ from fedflock.validation import validate
 from tests.conftest import small_config
 
 # Settings that make each method change its structure within a few rounds.
-QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3},
+QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3,
+                 "merge_test": True},
          "incremental": {"cluster_round": 2, "placement_delay": 0,
                          "merge_test": True},  # probes, open windows, merges: resumed too
          "ifca": {"clusters": 2},

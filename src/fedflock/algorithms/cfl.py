@@ -42,6 +42,11 @@ absent from the window wait with the parent model and are routed by the paramete
 time they are sampled: they train the waiting model, their update follows the most similar edge
 (one tree level per participation; the update is not averaged, it was computed on another
 model). Clients still waiting after the last round are routed by final tasks.
+
+Merges (`merge_test`, off by default; `algorithms.merging`, shared with incremental clustering):
+two clusters whose models are each other's nearest are probed at each other's model and merged
+when the split test finds one group there. A client routed to a leaf a merge absorbed joins the
+cluster that absorbed it. A departure from the paper, whose splits are final.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ import torch
 from pydantic import Field, model_validator
 
 from fedflock.algorithms.base import Cluster, Decision
-from fedflock.algorithms.clustered import ClusteredAlgorithm, SplitTestParams
+from fedflock.algorithms.clustered import SplitTestParams
+from fedflock.algorithms.merging import MergingAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Gradient, Train
@@ -93,7 +99,7 @@ class CFLParams(SplitTestParams):
 
 
 @ALGORITHMS.register("cfl", "Clustered FL (Sattler et al.): recursive splits by update cosine")
-class CFL(ClusteredAlgorithm):
+class CFL(MergingAlgorithm):
     name = "cfl"
     Params = CFLParams
 
@@ -162,13 +168,21 @@ class CFL(ClusteredAlgorithm):
         node = self._unplaced[reply.client]
         child, _ = self.param_tree.step(node, reply.update[: self.update_size])
         self.param_tree.nodes[child].members.append(reply.client)
+        child = self.current(child)  # a merge may have absorbed it since
         leaf = next((c for c in self._clusters if c.id == child), None)
         if leaf is None:  # the child has split since: wait at it, with the model it split from
             self.wait(reply.client, child, self.param_tree.nodes[child].params)
         return leaf, False
 
+    def merged(self, kept: Cluster, absorbed: Cluster) -> None:
+        for cluster in (kept, absorbed):
+            self.watches.drop(cluster.id)
+
     def tree(self) -> list[dict[str, Any]]:
-        return self.param_tree.describe()
+        """The parameter tree; a leaf a merge absorbed is marked `merged_into`."""
+        return [node | ({"merged_into": self.current(node["id"])}
+                        if node["id"] in self.merged_into else {})
+                for node in self.param_tree.describe()]
 
     def thresholds(self) -> list[dict[str, Any]]:
         p = self.params

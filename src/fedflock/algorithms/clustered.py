@@ -52,6 +52,13 @@ class SplitTestParams(AlgorithmParams):
                                    "cluster's members whose updates a window needs, besides "
                                    "CFL's min_replies (one round when that many reply)")
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
+    merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
+                             "model and merge the two when the split test finds no groups "
+                             "there (algorithms.merging; off: not yet measured on the grid, "
+                             "and not for runs under attack)")
+    merge_min_probes: int = Field(12, ge=3, description="merge test: probes, and own updates, "
+                                  "a window needs (6 merged feature_skew's invert group back on "
+                                  "the grid, 12 did not)")
 
     @model_validator(mode="after")
     def _votes_within_patience(self) -> SplitTestParams:

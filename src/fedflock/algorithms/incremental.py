@@ -43,8 +43,8 @@ pair's windows still need (a probe: a side task in the same message, so it costs
 second training and upload, the cluster nothing; under differential privacy it is accounted as
 a second release each round), and when the split test's pseudo-F of the cut
 {probes | the partner's own updates} stays at most `f_threshold` at both models for `patience`
-windows, the two merge (`clustering.merge`). Until a merge, a run with the test is the run
-without it. A departure from the paper, which never merges.
+windows, the two merge (`algorithms.merging`, shared with CFL). Until a merge, a run with the
+test is the run without it. A departure from the paper, which never merges.
 
 Model poisoning: malicious clients whose updates oppose (or ignore) the benign ones share no
 positive edge with them, so they form their own communities and poison only their own models.
@@ -66,7 +66,8 @@ import torch
 from pydantic import Field, model_validator
 
 from fedflock.algorithms.base import Cluster, Decision
-from fedflock.algorithms.clustered import ClusteredAlgorithm, SplitTestParams
+from fedflock.algorithms.clustered import SplitTestParams
+from fedflock.algorithms.merging import MergingAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Select
@@ -81,7 +82,6 @@ from fedflock.clustering.communities import (
     merge_close,
     modularity,
 )
-from fedflock.clustering.merge import MergeTests
 from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatches
@@ -124,13 +124,6 @@ class IncrementalParams(SplitTestParams):
         "(after a poisoned FedAvg phase)")
     recheck: bool = Field(True, description="keep examining every cluster after clustering "
                           "and split it when its members' updates hold two groups")
-    merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
-                             "model and merge the two when the split test finds no groups "
-                             "there (clustering.merge; off: not yet measured on the grid, and "
-                             "not for runs under attack)")
-    merge_min_probes: int = Field(12, ge=3, description="merge test: probes, and own updates, "
-                                  "a window needs (6 merged feature_skew's invert group back on "
-                                  "the grid, 12 did not)")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
@@ -156,7 +149,7 @@ class IncrementalParams(SplitTestParams):
 @ALGORITHMS.register("incremental",
                      "FedAvg filling a similarity matrix as clients are sampled, then Louvain "
                      "communities (partial participation, poisoning defence)")
-class Incremental(ClusteredAlgorithm):
+class Incremental(MergingAlgorithm):
     name = "incremental"
     Params = IncrementalParams
 
@@ -174,16 +167,6 @@ class Incremental(ClusteredAlgorithm):
         self._offered: dict[int, list[int]] = {}
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
-        self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
-        self.merges = MergeTests(p.patience, p.f_threshold, p.merge_min_probes)
-        self._probing: dict[int, tuple[int, int]] = {}  # client -> (its cluster, model's cluster)
-        self._probes: list[Reply] = []  # this round's probe replies (`receive_side`)
-
-    @classmethod
-    def releases(cls, params: Any, rounds: int) -> int:
-        """A probe (`merge_test`) is a second update a client may release in a round."""
-        base = super().releases(params, rounds)
-        return base + rounds if params is not None and params.merge_test else base
 
     def _sketch_size(self) -> int | None:
         sketch = self.params.sketch
@@ -203,20 +186,7 @@ class Incremental(ClusteredAlgorithm):
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered_round is not None:
-            probes, self._probes = self._probes, []
-            hosts = {host for _, host in self._probing.values()}
-            own: dict[int, dict[int, torch.Tensor]] = {}  # host -> its members' own updates
-            for r in replies:
-                cluster = self._cluster_of.get(r.client)  # (none for a client placed now)
-                if cluster is not None and cluster.id in hosts:
-                    own.setdefault(cluster.id, {})[r.client] = r.update[: self.update_size]
-            out = super().aggregate_train(rnd, replies)
-            for diag in out["clusters"]:
-                if diag["replied"]:
-                    self.trained_rounds[diag["id"]] = self.trained_rounds.get(diag["id"], 0) + 1
-            if probes:
-                self._test_merges(rnd, probes, own, out)
-            return out
+            return super().aggregate_train(rnd, replies)
         t0 = time.perf_counter()
         if replies:
             self.store.add([r.client for r in replies],
@@ -327,7 +297,6 @@ class Incremental(ClusteredAlgorithm):
                                      "examined": len(held), "cluster_size": len(cluster.members)},
                              (held, found.window.similarity)))
         self.watches.drop(cluster.id)
-        self.merges.forget(cluster.id)
         self.children[cluster.id] = children
         return parts
 
@@ -338,99 +307,17 @@ class Incremental(ClusteredAlgorithm):
                  "value": self.params.f_threshold,
                  "label": "split threshold"}]
 
-    # -- the merge test (clustering.merge) ----------------------------------------------------
-    def _partners(self) -> dict[int, Cluster]:
-        """Pairs under test: clusters whose models are each other's nearest among those that
-        can be tested together (both trained `placement_delay` rounds, as before placing a
-        newcomer: until then the models barely differ; both large enough for a window; not
-        found apart). Mutual, so both directions of a pair are probed; a cluster whose nearest
-        is taken waits until that pair is decided."""
-        ready = [c for c in self._clusters
-                 if self.trained_rounds.get(c.id, 0) >= self.params.placement_delay]
-        if len(ready) < 2:
-            return {}
-        models = torch.stack([c.params[: self.update_size] for c in ready]).double()
-        distance = torch.cdist(models, models)
-        for i, a in enumerate(ready):
-            for j, b in enumerate(ready):
-                if i == j or frozenset((a.id, b.id)) in self.merges.apart or \
-                        self.merges.needed(len(a.members), len(b.members)) is None:
-                    distance[i, j] = math.inf
-        nearest = distance.argmin(dim=1).tolist()
-        return {a.id: ready[j] for i, (a, j) in enumerate(zip(ready, nearest, strict=True))
-                if math.isfinite(distance[i, j]) and nearest[j] == i}
+    # -- the merge test (algorithms.merging) --------------------------------------------------
+    def probe_ready(self, cluster: Cluster) -> bool:
+        """Tested once clustered and trained `placement_delay` rounds, as before placing a
+        newcomer: until then the models barely differ."""
+        return self.clustered_round is not None and \
+            self.trained_rounds.get(cluster.id, 0) >= self.params.placement_delay
 
-    def side_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
-        """Probes: sampled members of a cluster under test, besides training their own model,
-        train the partner's, as many as the pair's open window still lacks (members not yet
-        in it first)."""
-        self._probing, self._probes = {}, []
-        if not self.params.merge_test or self.clustered_round is None:
-            return []
-        partners = self._partners()
-        sampled: dict[int, list[int]] = {}  # cluster under test -> its members with a task
-        for task in tasks:
-            cluster = None if task.client in self._unplaced else \
-                self._cluster_of.get(task.client)
-            if cluster is not None and cluster.id in partners:
-                sampled.setdefault(cluster.id, []).append(task.client)
-        sizes = {c.id: len(c.members) for c in self._clusters}
-        out: list[Task] = []
-        for cluster_id, clients in sorted(sampled.items()):
-            partner = partners[cluster_id]
-            needed = self.merges.needed(sizes[cluster_id], sizes[partner.id])
-            assert needed is not None  # `_partners` pairs only clusters large enough
-            for client in self.merges.probers(cluster_id, partner.id, clients, needed):
-                self._probing[client] = (cluster_id, partner.id)
-                out.append(self.train_task(rnd, client, partner.params))
-        return out
-
-    def receive_side(self, rnd: int, replies: list[Reply]) -> None:
-        self._probes = list(replies)
-
-    def _test_merges(self, rnd: int, probes: list[Reply],
-                     own: dict[int, dict[int, torch.Tensor]], out: dict[str, Any]) -> None:
-        """Add this round's probes to their windows; merge a pair the test finds one group."""
-        sizes = {c.id: len(c.members) for c in self._clusters}
-        by_pair: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
-        for r in probes:
-            by_pair.setdefault(self._probing[r.client], {})[r.client] = r.update[
-                : self.update_size]
-        log = []
-        for (prober, host), updates in sorted(by_pair.items()):
-            if not {prober, host} <= sizes.keys():
-                continue  # one of them split or merged this round
-            needed = self.merges.needed(sizes[prober], sizes[host])
-            assert needed is not None  # `_partners` pairs only clusters large enough; they grow
-            score = self.merges.add(prober, host, updates, own.get(host, {}), needed)
-            if score is not None:
-                log.append({"prober": prober, "host": host, "score": round(score, 4)})
-            if self.merges.verdict(prober, host) == "merge":
-                self._merge(rnd, prober, host)
-                sizes = {c.id: len(c.members) for c in self._clusters}
-        if log:
-            out["merge_test"] = log
-
-    def _merge(self, rnd: int, a: int, b: int) -> None:
-        """The larger of clusters a and b absorbs the other; its model becomes the two models'
-        mean weighted by members (each was FedAvg of its own)."""
-        first, second = (next(c for c in self._clusters if c.id == i) for i in (a, b))
-        kept, absorbed = sorted((first, second), key=lambda c: (-len(c.members), c.id))
-        size = len(kept.members) + len(absorbed.members)
-        kept.params = (kept.params * len(kept.members)
-                       + absorbed.params * len(absorbed.members)) / size
-        kept.members = sorted(kept.members + absorbed.members)
-        self._clusters = [c for c in self._clusters if c is not absorbed]
+    def merged(self, kept: Cluster, absorbed: Cluster) -> None:
+        for cluster in (kept, absorbed):
+            self.watches.drop(cluster.id)
         self.children[absorbed.id] = [kept.id]  # clients waiting among its heirs now get kept
-        last = self.merges.last(a, b)  # the latest window's score at each model
-        scores = {"score_at_kept": round(last[kept.id], 4),
-                  "score_at_absorbed": round(last[absorbed.id], 4)}
-        for cluster_id in (a, b):
-            self.watches.drop(cluster_id)
-            self.merges.forget(cluster_id)
-        self._index_members()
-        self.record(Decision("merge", rnd, [a, b], [kept.id], [kept.members],
-                             {"rule": "merge test", **scores}))
 
     # -- clients never seen before clustering --------------------------------------------------
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
@@ -496,16 +383,13 @@ class Incremental(ClusteredAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {
             "store": self.store.state_dict(), "changes": self.stability.changes,
-            "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
-            "children": self.children,
-            "watches": self.watches.state_dict(), "merges": self.merges.state_dict()}
+            "clustered_round": self.clustered_round, "children": self.children,
+            "watches": self.watches.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.store = IncrementalSimilarity.from_state(state["store"])
         self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
-        self.trained_rounds = state["trained_rounds"]
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
         self.watches.load_state_dict(state.get("watches", {}))
-        self.merges.load_state_dict(state.get("merges", {}))
