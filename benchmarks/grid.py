@@ -14,6 +14,10 @@ between 50 and 150. Final-round mean accuracy and ARI against the hidden groups.
     python benchmarks/grid.py --cells 60 --seeds 1,2          # report these
     python benchmarks/grid.py --list                           # the cells, nothing run
 
+A trial of an option that acts only once a run holds two clusters (the merge test) cannot
+change a run that never split: `--unsplit-from ROWS` copies those runs' rows from the
+defaults' rows (marked `"copied": true`) instead of re-running them.
+
 Each run's summary lands in --out/<cell>/<algorithm>/seed<k>; `results.jsonl` gets one line per
 run, and a run already there is not repeated, so an interrupted grid resumes where it stopped.
 Acceptance lines at the end: among the cells where the oracle beats FedAvg by at least 5
@@ -150,6 +154,23 @@ def _check_same_params(done: dict[tuple[str, str, int], dict[str, Any]], methods
             raise SystemExit(2)
 
 
+def _copy_unsplit(source: Path, cells: list[Cell], methods: list[str], seeds: list[int],
+                  overrides: dict[str, Any], done: dict[tuple[str, str, int], dict[str, Any]],
+                  results: Path) -> None:
+    """Copy the default rows of runs that never split (one cluster at the end: no method here
+    merges clusters back by default) into `results`, as if run with `overrides`."""
+    names = {c.name for c in cells}
+    for key, row in _done(source).items():
+        cell, algorithm, seed = key
+        if (cell in names and algorithm in methods and seed in seeds and key not in done
+                and row["clusters"] == 1 and not row.get("params")):
+            changed = overrides.get(algorithm, {})
+            copied = {**row, "copied": True} | ({"params": changed} if changed else {})
+            done[key] = copied
+            with results.open("a") as fh:
+                fh.write(json.dumps(copied) + "\n")
+
+
 def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[str, Any]
              ) -> dict[str, Any]:
     raw = cell.config(algorithm, seed)
@@ -235,6 +256,10 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the cells and stop")
     parser.add_argument("--report", action="store_true", help="only print the table of the "
                         "runs already done")
+    parser.add_argument("--unsplit-from", type=Path, default=None,
+                        help="rows of the defaults: copy those of runs that ended with one "
+                        "cluster instead of re-running them (for options that act only on "
+                        "two clusters or more)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # many small models: more threads only contend (7x slower here)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -254,6 +279,8 @@ def main() -> None:
     start = time.perf_counter()
     if not args.report:
         _check_same_params(done, methods, overrides, results)
+        if args.unsplit_from is not None:
+            _copy_unsplit(args.unsplit_from, cells, methods, seeds, overrides, done, results)
         for cell in cells:
             for algorithm in [*REFERENCES, *methods]:
                 for seed in seeds:

@@ -20,6 +20,7 @@ for a few windows and be merged into it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -53,6 +54,11 @@ class MergingAlgorithm(ClusteredAlgorithm):
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
         """After `absorbed` joined `kept` (e.g. drop their split windows)."""
+
+    def probe_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
+        """A member's training at the partner's model, as its own training task but with
+        randomness of its own (`Train.probe`)."""
+        return dataclasses.replace(self.train_task(rnd, client, params), probe=True)
 
     @classmethod
     def releases(cls, params: BaseModel, rounds: int) -> int:
@@ -109,7 +115,7 @@ class MergingAlgorithm(ClusteredAlgorithm):
             assert needed is not None  # `_partners` pairs only clusters large enough
             for client in self.merges.probers(cluster_id, partner.id, clients, needed):
                 self._probing[client] = (cluster_id, partner.id)
-                out.append(self.train_task(rnd, client, partner.params))
+                out.append(self.probe_task(rnd, client, partner.params))
         return out
 
     def receive_side(self, rnd: int, replies: list[Reply]) -> None:

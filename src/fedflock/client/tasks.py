@@ -66,7 +66,10 @@ class Train(Task):
     Options: `epochs` overrides the configured local epochs (fine-tuning); `proximal_mu` adds
     mu/2 * sum_k w_k ||theta - c_k||^2 with `centres` (K, P) and `centre_weights` (K,), or with
     the received model as the one centre when no centres are given (FedProx);
-    `sample_weights` (one per training sample) weight the per-sample losses (FedRC).
+    `sample_weights` (one per training sample) weight the per-sample losses (FedRC); `probe`
+    marks a training that is a measurement beside the client's own in the same round (the merge
+    test): it draws its own batches and noise, so the two releases share no randomness (equal
+    noise would cancel in their difference).
     """
 
     kind = "train"
@@ -76,6 +79,7 @@ class Train(Task):
     centres: torch.Tensor | None = None
     centre_weights: torch.Tensor | None = None
     sample_weights: torch.Tensor | None = None
+    probe: bool | None = None
 
     @property
     def plain(self) -> bool:
@@ -84,6 +88,8 @@ class Train(Task):
 
     @property
     def salt(self) -> str:
+        if self.probe:
+            return "probe"
         return "train" if self.epochs is None else "finetune"
 
     def proximal(self, runtime: ClientRuntime, start: torch.Tensor) -> Proximal | None:
@@ -125,24 +131,26 @@ class Gradient(Task):
     """One full-batch gradient at `params`, sent as the update -lr * grad (CFL's gradient
     variant; buffers unchanged). Under DP-SGD: one noised gradient of one Poisson batch (a
     full batch would be a step at sample rate 1, which the accounting of training does not
-    cover)."""
+    cover). `probe`: as `Train.probe`."""
 
     kind = "gradient"
     params: torch.Tensor
+    probe: bool | None = None
 
     def run(self, runtime: ClientRuntime) -> Reply:
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
+        salt = "probe-gradient" if self.probe else "gradient"
         if runtime.dp is not None and runtime.dp.per_sample:
             update, loss = train_model_private(
                 runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
-                runtime.training, runtime.task_seed(self, "gradient"),
-                runtime.task_seed(self, "dp-sgd-gradient"), objective=runtime.objective,
+                runtime.training, runtime.task_seed(self, salt),
+                runtime.task_seed(self, f"dp-sgd-{salt}"), objective=runtime.objective,
                 single_step=True)
         else:
             update, loss = gradient_step(runtime.model, runtime.spec, start, data.x_train,
                                          data.y_train, runtime.training, runtime.objective)
-        return released(runtime, self, start, update, loss, data.num_train, "gradient")
+        return released(runtime, self, start, update, loss, data.num_train, salt)
 
     def update_base(self, reply: Reply) -> int:
         return id(self.params)

@@ -201,15 +201,18 @@ class Engine(ABC):
         t0 = time.perf_counter()
         tasks = algorithm.configure_train(rnd, clients)
         side = algorithm.side_tasks(rnd, tasks)
+        assert len({t.client for t in side}) == len(side) <= len(tasks) and \
+            {t.client for t in side} <= {t.client for t in tasks}, "side tasks: one per client"
         t1 = time.perf_counter()
-        probes: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
-                              for t in tasks] if evaluate else []
-        scored, side_replies, replies = self.run_together(rnd, [probes, side, tasks])
-        evaluation = self.scores(rnd, probes, scored) if evaluate else {}
-        if side:
-            algorithm.receive_side(rnd, self.settle(rnd, side, side_replies,
-                                                    count_missing=False))
+        evals: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
+                             for t in tasks] if evaluate else []
+        scored, side_replies, replies = self.run_together(rnd, [evals, side, tasks])
+        evaluation = self.scores(rnd, evals, scored) if evaluate else {}
         replies = self.settle(rnd, tasks, replies)
+        if side:  # only beside a training reply the server accepted
+            accepted = {r.client for r in replies}
+            kept = self.settle(rnd, side, side_replies, count_missing=False)
+            algorithm.receive_side(rnd, [r for r in kept if r.client in accepted])
         t2 = time.perf_counter()
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()
