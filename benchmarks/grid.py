@@ -154,21 +154,34 @@ def _check_same_params(done: dict[tuple[str, str, int], dict[str, Any]], methods
             raise SystemExit(2)
 
 
+ONLY_ON_TWO_CLUSTERS = {"merge_test", "merge_min_probes"}  # options that leave one cluster be
+
+
 def _copy_unsplit(source: Path, cells: list[Cell], methods: list[str], seeds: list[int],
                   overrides: dict[str, Any], done: dict[tuple[str, str, int], dict[str, Any]],
                   results: Path) -> None:
     """Copy the default rows of runs that never split (one cluster at the end: no method here
     merges clusters back by default) into `results`, as if run with `overrides`."""
+    acting = {k for changed in overrides.values() for k in changed} - ONLY_ON_TWO_CLUSTERS
+    if acting:
+        print(f"grid.py: --unsplit-from: {sorted(acting)[0]!r} can change a run that never "
+              "split; re-run those runs instead", file=sys.stderr)
+        raise SystemExit(2)
     names = {c.name for c in cells}
     for key, row in _done(source).items():
         cell, algorithm, seed = key
-        if (cell in names and algorithm in methods and seed in seeds and key not in done
-                and row["clusters"] == 1 and not row.get("params")):
+        if cell not in names or seed not in seeds or key in done or row.get("params"):
+            continue
+        if algorithm in REFERENCES:  # the references too, so that a new --out needs no copy
+            copied = row
+        elif algorithm in methods and row.get("clusters") == 1:
             changed = overrides.get(algorithm, {})
             copied = {**row, "copied": True} | ({"params": changed} if changed else {})
-            done[key] = copied
-            with results.open("a") as fh:
-                fh.write(json.dumps(copied) + "\n")
+        else:
+            continue
+        done[key] = copied
+        with results.open("a") as fh:
+            fh.write(json.dumps(copied) + "\n")
 
 
 def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[str, Any]

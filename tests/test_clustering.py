@@ -192,3 +192,17 @@ def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
     assert leaf == 1
     restored = ParameterTree.from_dict(tree.to_dict())
     assert restored.leaves() == [1, 2] and restored.root == 0
+
+
+def test_a_client_routed_to_a_merged_leaf_goes_on_to_the_cluster_that_absorbed_it() -> None:
+    tree = ParameterTree()
+    tree.add_root(0, [0, 1, 2, 3])
+    left = torch.tensor([[1.0, 0.1], [0.9, 0.0]])
+    right = torch.tensor([[0.0, 1.0], [0.1, 0.9]])
+    tree.record_split(0, 5, torch.zeros(2), [(1, [0, 1], left), (2, [2, 3], right)])
+    towards_left = lambda params: torch.tensor([1.0, -0.1])  # noqa: E731
+    leaf, path = tree.route(towards_left, merged_into={1: 2})
+    assert leaf == 2 and path[-1] == {"node": 1, "merged_into": 2}
+    tree.record_split(2, 9, torch.ones(2), [(3, [2], left), (4, [3], right)])  # 2 split since
+    leaf, path = tree.route(towards_left, merged_into={1: 2})
+    assert leaf == 3 and [step["node"] for step in path] == [0, 1, 2]

@@ -11,6 +11,7 @@ import torch
 
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatch
+from fedflock.data.scenarios import build_federated_data
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
 from fedflock.validation import validate
@@ -269,3 +270,37 @@ def test_probes_change_nothing_until_a_merge(tmp_path: Path) -> None:
     assert found[True]["clusters"] == found[False]["clusters"]
     up = [found[m]["communication"]["up_floats"] for m in (False, True)]
     assert up[1] > up[0]  # the probes travelled
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cfl_merges_parts_of_one_group_and_routes_new_clients_through_merged_leaves(
+        tmp_path: Path) -> None:
+    """The paper's eps rule with thresholds that always fire, complete linkage and up to 4
+    clusters cuts each of 2 groups in two; the merge test puts the halves back together
+    (the rule then cuts them again: merges and splits alternate), never joins the two groups,
+    and `fedflock assign` routes new clients through leaves a merge absorbed."""
+    from fedflock.assign import assign_new_clients
+
+    raw = small_config(**{"data.clients": 24, "data.samples_per_client": 60, "rounds": 16,
+                          "algorithm": {"name": "cfl", "split_rule": "eps", "eps1": 1e9,
+                                        "eps2": 1e-9, "gamma_check": False,
+                                        "linkage": "complete", "warmup_rounds": 3,
+                                        "patience": 1, "max_clusters": 4, "merge_test": True,
+                                        "merge_min_probes": 3}})
+    config = validate(raw)
+    summary = run_experiment(config, tmp_path / "run", quiet=True)
+    groups = build_federated_data(config.data, config.seed).groups
+    merges = [d for d in summary["splits"] if d["kind"] == "merge"]
+    assert merges and all(max(d["score_at_kept"], d["score_at_absorbed"]) <= 3.5
+                          for d in merges)
+    assert all(len({groups[c] for c in d["members"][0]}) == 1 for d in merges)
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    scores = [s["score"] for r in rounds for s in r.get("merge_test", [])]
+    assert max(scores) > 3.5  # the two groups were tested too, and kept apart
+    members = sorted(c for part in summary["clusters"] for c in part)
+    assert members == list(range(24))
+    tree = {node["id"]: node for node in summary["tree"]}
+    assert {n["merged_into"] for n in tree.values() if "merged_into" in n} <= tree.keys()
+    routed = assign_new_clients(tmp_path / "run", 6, seed=5)
+    assert routed["routed_correctly"] >= 5 / 6
+    assert any("merged_into" in step for c in routed["clients"] for step in c["path"])

@@ -167,20 +167,16 @@ class CFL(MergingAlgorithm):
         waiting model; it joins the child if that is a current cluster, else waits there."""
         node = self._unplaced[reply.client]
         child, _ = self.param_tree.step(node, reply.update[: self.update_size])
-        self.param_tree.nodes[child].members.append(reply.client)
         child = self.current(child)  # a merge may have absorbed it since
+        self.param_tree.nodes[child].members.append(reply.client)
         leaf = next((c for c in self._clusters if c.id == child), None)
         if leaf is None:  # the child has split since: wait at it, with the model it split from
             self.wait(reply.client, child, self.param_tree.nodes[child].params)
         return leaf, False
 
-    def merged(self, kept: Cluster, absorbed: Cluster) -> None:
-        for cluster in (kept, absorbed):
-            self.watches.drop(cluster.id)
-
     def tree(self) -> list[dict[str, Any]]:
         """The parameter tree; a leaf a merge absorbed is marked `merged_into`."""
-        return [node | ({"merged_into": self.current(node["id"])}
+        return [node | ({"merged_into": self.merged_into[node["id"]]}
                         if node["id"] in self.merged_into else {})
                 for node in self.param_tree.describe()]
 

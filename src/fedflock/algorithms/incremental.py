@@ -315,8 +315,7 @@ class Incremental(MergingAlgorithm):
             self.trained_rounds.get(cluster.id, 0) >= self.params.placement_delay
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
-        for cluster in (kept, absorbed):
-            self.watches.drop(cluster.id)
+        super().merged(kept, absorbed)
         self.children[absorbed.id] = [kept.id]  # clients waiting among its heirs now get kept
 
     # -- clients never seen before clustering --------------------------------------------------

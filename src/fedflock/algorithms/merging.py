@@ -7,7 +7,9 @@ start to differ) are paired, both directions at once; a cluster whose nearest is
 As many of a paired cluster's sampled members as the pair's open window still lacks (members it
 does not hold yet first) also train the partner's model, beside their own: a probe, sent as a
 side task in the same message (`Algorithm.side_tasks`) and aggregated nowhere, so a cluster's
-training loses nothing and a run is the run without the test until its first merge. The price:
+training loses nothing and a run is the run without the test until its first merge (without
+differential privacy: under it the clients' noise is calibrated from round 1 for the probes'
+releases too). The price:
 those clients train and upload twice that round, and under differential privacy every client is
 accounted a second release a round (an upper bound). A pair the test finds one group merges: the
 larger cluster absorbs the smaller, its model the two models' member-weighted mean (each was the
@@ -31,10 +33,14 @@ from fedflock.algorithms.base import AlgorithmContext, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.client.task import Reply, Task
 from fedflock.clustering.merge import MergeTests
+from fedflock.clustering.watch import SplitWatches
 
 
 class MergingAlgorithm(ClusteredAlgorithm):
-    """A clustered algorithm with the merge test (its params: `SplitTestParams`)."""
+    """A clustered algorithm with the merge test (its params: `SplitTestParams`; its split
+    test's windows: `watches`, built by the subclass)."""
+
+    watches: SplitWatches
 
     def __init__(self, params: Any, context: AlgorithmContext) -> None:
         super().__init__(params, context)
@@ -53,7 +59,9 @@ class MergingAlgorithm(ClusteredAlgorithm):
         return self.trained_rounds.get(cluster.id, 0) >= self.params.patience
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
-        """After `absorbed` joined `kept` (e.g. drop their split windows)."""
+        """After `absorbed` joined `kept`: both clusters' split windows start afresh."""
+        for cluster in (kept, absorbed):
+            self.watches.drop(cluster.id)
 
     def probe_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         """A member's training at the partner's model, as its own training task but with
@@ -64,7 +72,7 @@ class MergingAlgorithm(ClusteredAlgorithm):
     def releases(cls, params: BaseModel, rounds: int) -> int:
         """A probe is a second update a client may release in a round."""
         base = super().releases(params, rounds)
-        return base + rounds if params is not None and params.merge_test else base
+        return base + rounds if params.merge_test else base
 
     def current(self, cluster_id: int) -> int:
         """The cluster a (possibly absorbed) cluster's members now belong to."""

@@ -34,7 +34,7 @@ noised update and chose which clients take part, is the adversary it protects ag
   maximum over clients (the guarantee) and the smallest.
 Releases are counted as one per client per round, every round (exact under full participation,
 an upper bound otherwise), plus what an algorithm declares (`Algorithm.releases`): final tasks
-that release updates (e.g. fine-tuning) and side tasks that do (incremental's merge probes: two
+that release updates (e.g. fine-tuning) and side tasks that do (the merge test's probes: two
 per round, an upper bound). Opacus's RDP analysis assumes Poisson sampling; the
 client mechanism's rate-1 accounting needs no sampling assumption.
 
@@ -73,10 +73,10 @@ COVERS = ("model updates (train, gradient, select's training), BatchNorm statist
           "bases")
 
 
-def releases_of(rounds: int, algorithm: type | None, params: Any = None) -> int:
+def releases_of(rounds: int, algorithm: type | None, params: Any) -> int:
     """Update releases each client is accounted for: one per round plus what the algorithm
     declares (`Algorithm.releases`: final tasks that release an update, e.g. fine-tuning, and
-    side tasks that do, e.g. incremental's merge probes)."""
+    side tasks that do, e.g. the merge test's probes)."""
     return rounds if algorithm is None else algorithm.releases(params, rounds)
 
 
@@ -167,7 +167,7 @@ def plan(cfg: DPConfig, training: TrainingConfig, sizes: Sequence[int], releases
     return Plan(cfg, releases, sigma, by_size)
 
 
-def prepare(cfg: DPConfig, rounds: int, algorithm: type | None, params: Any = None) -> None:
+def prepare(cfg: DPConfig, rounds: int, algorithm: type | None, params: Any) -> None:
     """Validation's part (it alone sees the whole config): record how many releases each
     client is accounted for, and refuse an unreachable client-level ε before anything runs."""
     cfg._releases = releases_of(rounds, algorithm, params)
