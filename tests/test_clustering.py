@@ -180,12 +180,19 @@ def test_split_stats_on_two_groups_recovers_them() -> None:
     assert math.isclose(stats.gamma_max, max(gammas), rel_tol=1e-7)
 
 
-def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
+LEFT = torch.tensor([[1.0, 0.1], [0.9, 0.0]])  # the updates a parameter-tree edge keeps
+RIGHT = torch.tensor([[0.0, 1.0], [0.1, 0.9]])
+
+
+def _tree_split_in_two() -> ParameterTree:
     tree = ParameterTree()
     tree.add_root(0, [0, 1, 2, 3])
-    left = torch.tensor([[1.0, 0.1], [0.9, 0.0]])
-    right = torch.tensor([[0.0, 1.0], [0.1, 0.9]])
-    tree.record_split(0, 5, torch.zeros(2), [(1, [0, 1], left), (2, [2, 3], right)])
+    tree.record_split(0, 5, torch.zeros(2), [(1, [0, 1], LEFT), (2, [2, 3], RIGHT)])
+    return tree
+
+
+def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
+    tree = _tree_split_in_two()
     leaf, path = tree.route(lambda params: torch.tensor([0.05, 1.0]))
     assert leaf == 2 and path[0]["chosen"] == 2
     leaf, _ = tree.route(lambda params: torch.tensor([1.0, -0.1]))
@@ -195,14 +202,10 @@ def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
 
 
 def test_a_client_routed_to_a_merged_leaf_goes_on_to_the_cluster_that_absorbed_it() -> None:
-    tree = ParameterTree()
-    tree.add_root(0, [0, 1, 2, 3])
-    left = torch.tensor([[1.0, 0.1], [0.9, 0.0]])
-    right = torch.tensor([[0.0, 1.0], [0.1, 0.9]])
-    tree.record_split(0, 5, torch.zeros(2), [(1, [0, 1], left), (2, [2, 3], right)])
+    tree = _tree_split_in_two()
     towards_left = lambda params: torch.tensor([1.0, -0.1])  # noqa: E731
     leaf, path = tree.route(towards_left, merged_into={1: 2})
     assert leaf == 2 and path[-1] == {"node": 1, "merged_into": 2}
-    tree.record_split(2, 9, torch.ones(2), [(3, [2], left), (4, [3], right)])  # 2 split since
+    tree.record_split(2, 9, torch.ones(2), [(3, [2], LEFT), (4, [3], RIGHT)])  # 2 split since
     leaf, path = tree.route(towards_left, merged_into={1: 2})
     assert leaf == 3 and [step["node"] for step in path] == [0, 1, 2]
