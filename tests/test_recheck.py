@@ -235,7 +235,7 @@ def test_a_merge_needs_both_models_to_see_one_group_and_two_groups_are_settled_a
 def test_the_merge_test_undoes_an_over_split(tmp_path: Path) -> None:
     """Louvain at a high resolution, never merged back, cuts 2 groups into 6 communities; the
     merge test puts them back together and keeps the two groups apart."""
-    over = {**PARTIAL, "data.scenario.groups": 2, "rounds": 40, "participation.fraction": 1.0}
+    over = {**PARTIAL, "data.scenario.groups": 2, "rounds": 80, "participation.fraction": 1.0}
     found = {}
     for merge in (False, True):
         raw = small_config(**over, algorithm={"name": "incremental", "resolution": 2.0,

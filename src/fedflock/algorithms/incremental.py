@@ -140,6 +140,9 @@ class IncrementalParams(SplitTestParams):
                              "distances (use cosine or euclidean, or sketch: null)")
         if isinstance(self.sketch, int) and self.sketch < 16:
             raise ValueError("sketch: at least 16 dimensions")
+        if self.merge_test and not self.recheck:
+            raise ValueError("merge_test needs recheck (a cluster is probed once its split "
+                             "test's watch finds its model settled)")
         if isinstance(self.neighbours, int) and self.neighbours < SELF_TUNING_NEIGHBOUR:
             raise ValueError(f"neighbours: at least {SELF_TUNING_NEIGHBOUR} (the self-tuning "
                              "scale of distances is the 7th neighbour's)")
@@ -309,10 +312,7 @@ class Incremental(MergingAlgorithm):
 
     # -- the merge test (algorithms.merging) --------------------------------------------------
     def probe_ready(self, cluster: Cluster) -> bool:
-        """Tested once clustered and trained `placement_delay` rounds, as before placing a
-        newcomer: until then the models barely differ."""
-        return self.clustered_round is not None and \
-            self.trained_rounds.get(cluster.id, 0) >= self.params.placement_delay
+        return self.clustered_round is not None and super().probe_ready(cluster)
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
         super().merged(kept, absorbed)
