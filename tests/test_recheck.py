@@ -321,7 +321,7 @@ def test_a_run_resumed_in_the_middle_of_merge_tests_merges_as_the_uninterrupted_
         assert isinstance(algorithm, MergingAlgorithm)
         _play(config, engine, algorithm, range(1, 13))
         open_windows = [w for w in algorithm.merges.windows.values() if w.probes or w.own]
-        assert open_windows and algorithm.merged_into  # mid-test, after a merge
+        assert open_windows and algorithm.merged_into()  # mid-test, after a merge
         resumed = build_algorithm(config, engine)
         resumed.load_state_dict(copy.deepcopy(algorithm.state_dict()))  # as from disk
         _play(config, engine, algorithm, range(13, 21))

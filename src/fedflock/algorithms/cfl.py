@@ -176,8 +176,9 @@ class CFL(MergingAlgorithm):
 
     def tree(self) -> list[dict[str, Any]]:
         """The parameter tree; a leaf a merge absorbed is marked `merged_into`."""
-        return [node | ({"merged_into": self.merged_into[node["id"]]}
-                        if node["id"] in self.merged_into else {})
+        merged_into = self.merged_into()
+        return [node | ({"merged_into": merged_into[node["id"]]}
+                        if node["id"] in merged_into else {})
                 for node in self.param_tree.describe()]
 
     def thresholds(self) -> list[dict[str, Any]]:

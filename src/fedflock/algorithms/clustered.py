@@ -223,14 +223,11 @@ class ClusteredAlgorithm(Algorithm):
         current clusters below it (clients still waiting are in none)."""
         children: dict[int, list[int]] = {}
         split_round: dict[int, int] = {}
-        merged_into: dict[int, int] = {}  # an absorbed cluster -> the one that absorbed it
+        merged_into = self.merged_into()
         for decision in self.decisions:
             if decision.kind == "split" and isinstance(decision.parent, int):
                 children[decision.parent] = list(decision.children)
                 split_round[decision.parent] = decision.round
-            elif decision.kind == "merge" and isinstance(decision.parent, list):
-                kept = decision.children[0]
-                merged_into.update({c: kept for c in decision.parent if c != kept})
         if not children:
             return None
         parent_of = {child: parent for parent, below in children.items() for child in below}
@@ -245,6 +242,12 @@ class ClusteredAlgorithm(Algorithm):
                  "split_round": split_round.get(node), "children": children.get(node, [])}
                 | ({"merged_into": merged_into[node]} if node in merged_into else {})
                 for node in sorted(set(children) | set(parent_of))]
+
+    def merged_into(self) -> dict[int, int]:
+        """Each cluster a recorded merge absorbed -> the cluster that absorbed it."""
+        return {c: d.children[0] for d in self.decisions
+                if d.kind == "merge" and isinstance(d.parent, list)
+                for c in d.parent if c != d.children[0]}
 
     def clusters(self) -> list[list[int]]:
         """The clusters, then one group per waiting model of the clients not placed yet."""

@@ -170,6 +170,7 @@ class Incremental(MergingAlgorithm):
         self._offered: dict[int, list[int]] = {}
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
+        self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
 
     def _sketch_size(self) -> int | None:
         sketch = self.params.sketch
@@ -189,7 +190,11 @@ class Incremental(MergingAlgorithm):
     # -- FedAvg phase ------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered_round is not None:
-            return super().aggregate_train(rnd, replies)
+            out = super().aggregate_train(rnd, replies)
+            for diag in out["clusters"]:
+                if diag["replied"]:
+                    self.trained_rounds[diag["id"]] = self.trained_rounds.get(diag["id"], 0) + 1
+            return out
         t0 = time.perf_counter()
         if replies:
             self.store.add([r.client for r in replies],
@@ -382,7 +387,8 @@ class Incremental(MergingAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {
             "store": self.store.state_dict(), "changes": self.stability.changes,
-            "clustered_round": self.clustered_round, "children": self.children,
+            "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
+            "children": self.children,
             "watches": self.watches.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -390,5 +396,6 @@ class Incremental(MergingAlgorithm):
         self.store = IncrementalSimilarity.from_state(state["store"])
         self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
+        self.trained_rounds = state["trained_rounds"]
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
         self.watches.load_state_dict(state.get("watches", {}))

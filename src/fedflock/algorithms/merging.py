@@ -45,8 +45,6 @@ class MergingAlgorithm(ClusteredAlgorithm):
         super().__init__(params, context)
         p = self.params
         self.merges = MergeTests(p.patience, p.f_threshold, p.merge_min_probes)
-        self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated
-        self.merged_into: dict[int, int] = {}  # an absorbed cluster -> the one that absorbed it
         self._pairs: list[tuple[int, int]] = []  # this round's (prober, host) under test
         self._probing: dict[int, tuple[int, int]] = {}  # client -> (its cluster, host cluster)
         self._probes: list[Reply] = []  # this round's probe replies (`receive_side`)
@@ -79,8 +77,9 @@ class MergingAlgorithm(ClusteredAlgorithm):
 
     def current(self, cluster_id: int) -> int:
         """The cluster a (possibly absorbed) cluster's members now belong to."""
-        while cluster_id in self.merged_into:
-            cluster_id = self.merged_into[cluster_id]
+        merged_into = self.merged_into()
+        while cluster_id in merged_into:
+            cluster_id = merged_into[cluster_id]
         return cluster_id
 
     # -- probes --------------------------------------------------------------------------
@@ -143,9 +142,6 @@ class MergingAlgorithm(ClusteredAlgorithm):
                 own.setdefault(cluster.id, {})[r.client] = r.update[: self.update_size]
         before = {c.id for c in self._clusters}
         out = super().aggregate_train(rnd, replies)
-        for diag in out["clusters"]:
-            if diag["replied"]:
-                self.trained_rounds[diag["id"]] = self.trained_rounds.get(diag["id"], 0) + 1
         for gone in before - {c.id for c in self._clusters}:  # split this round
             self.merges.forget(gone)
         if self._pairs:
@@ -190,7 +186,6 @@ class MergingAlgorithm(ClusteredAlgorithm):
                        + absorbed.params * len(absorbed.members)) / size
         kept.members = sorted(kept.members + absorbed.members)
         self._clusters = [c for c in self._clusters if c is not absorbed]
-        self.merged_into[absorbed.id] = kept.id
         last = self.merges.last(a, b)  # the latest window's score at each model
         scores = {"score_at_kept": round(last[kept.id], 4),
                   "score_at_absorbed": round(last[absorbed.id], 4)}
@@ -204,11 +199,8 @@ class MergingAlgorithm(ClusteredAlgorithm):
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"merges": self.merges.state_dict(),
-                                       "trained_rounds": self.trained_rounds,
-                                       "merged_into": self.merged_into}
+                                       "merged_into": self.merged_into()}  # for `assign`
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.merges.load_state_dict(state.get("merges", {}))
-        self.trained_rounds = {int(k): v for k, v in state.get("trained_rounds", {}).items()}
-        self.merged_into = {int(k): v for k, v in state.get("merged_into", {}).items()}
