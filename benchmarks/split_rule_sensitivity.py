@@ -1,7 +1,8 @@
 """How sensitive is CFL's default split rule to its three settings?
 
-The `auto` rule splits a cluster when the pseudo-F of its min-max bipartition exceeds
-`f_threshold` in each of its last `patience` rounds after `warmup_rounds` of FedAvg. This script
+The `auto` rule splits a cluster when the pseudo-F of the best cut of its min-max merge tree
+(`split_statistic: kway`) exceeds `f_threshold` in each of its last `patience` windows after
+`warmup_rounds` of FedAvg (under full participation, as here, a window is one round). This script
 varies one setting at a time around the defaults (3.5, 3, 10) on scenarios with and without
 hidden groups and prints, per setting, the ARI and the number of clusters found (mean over seeds),
 so the working range is visible. Data ship with the dependencies (mnist5k, digits).
