@@ -136,6 +136,20 @@ def test_rounds_with_a_single_reply_neither_add_to_nor_drop_a_window() -> None:
     assert exam is not None and exam.window.clients == [0, 2, 4, 5]
 
 
+def test_an_open_window_keeps_its_own_copies_not_views_of_the_rounds_replies() -> None:
+    """A window that outlives its round must not hold views of the round's stacked replies:
+    they would keep (and a checkpoint would save) every row of the stack."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.zeros(50)
+    a[0] = 1.0
+    watch = _settled_watch()
+    stacked = _updates([a, a, a], gen)
+    assert watch.examine(list(range(8)), MODEL, [0, 1, 2], stacked, [10, 10, 10]) is None
+    for update in watch.window.updates.values():
+        assert update.untyped_storage().data_ptr() != stacked.untyped_storage().data_ptr()
+        assert update.untyped_storage().nbytes() == update.numel() * update.element_size()
+
+
 PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
            "data.samples_per_client": 60, "participation.fraction": 0.25,
            "training.local_epochs": 2, "model.hidden": [64], "checkpoint_every": 20}

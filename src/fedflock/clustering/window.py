@@ -44,7 +44,9 @@ class UpdateWindow:
         """Add this round's updates; the closed window once it holds `needed` members (an
         unfinished one is dropped unless it `may_span` rounds)."""
         for client, update, count in zip(clients, updates, examples, strict=True):
-            self.updates[client] = update
+            self.updates[client] = update.clone()  # not a view of the round's stacked (k, P)
+            # replies: a view keeps all k alive while the window is open, and a checkpoint
+            # saves the whole stack for it
             self.examples[client] = count
         if len(self.updates) < needed:
             if not may_span:
