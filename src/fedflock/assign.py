@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedflock.algorithms.base import Decision
+from fedflock.algorithms.clustered import merged_into
 from fedflock.client.runtime import ClientRuntime
 from fedflock.client.tasks import Evaluate, Train
 from fedflock.clustering import ParameterTree
@@ -32,7 +34,7 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
     try:
         tree = ParameterTree.from_dict(state["tree"])
         leaf_models = {c["id"]: c["params"] for c in state["clusters"]}
-        merged_into = {int(k): int(v) for k, v in state.get("merged_into", {}).items()}
+        absorbed = merged_into(Decision.from_state(d) for d in state["decisions"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise FedflockError(f"{run.checkpoint_path}: a damaged parameter tree "
                             f"({type(err).__name__}: {err})") from None
@@ -53,7 +55,7 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
             reply = Train(c, 0, params).run(runtime)
             return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
 
-        leaf, path = tree.route(update_at, merged_into)
+        leaf, path = tree.route(update_at, absorbed)
         acc = Evaluate(client, 0, leaf_models[leaf]).run(runtime).metrics["accuracy"]
         rows.append({"client": client, "true_group": int(fresh.groups[client]), "cluster": leaf,
                      "cluster_group": leaf_group[leaf], "accuracy": round(acc, 4), "path": path})

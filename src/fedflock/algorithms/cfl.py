@@ -176,9 +176,9 @@ class CFL(MergingAlgorithm):
 
     def tree(self) -> list[dict[str, Any]]:
         """The parameter tree; a leaf a merge absorbed is marked `merged_into`."""
-        merged_into = self.merged_into()
-        return [node | ({"merged_into": merged_into[node["id"]]}
-                        if node["id"] in merged_into else {})
+        absorbed = self.merged_into()
+        return [node | ({"merged_into": absorbed[node["id"]]}
+                        if node["id"] in absorbed else {})
                 for node in self.param_tree.describe()]
 
     def thresholds(self) -> list[dict[str, Any]]:

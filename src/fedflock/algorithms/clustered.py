@@ -14,12 +14,13 @@ after the last round are placed by final tasks, so the final partition covers ev
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from pydantic import Field, model_validator
 
-from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster, Decision
 from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train
 from fedflock.clustering.split_stats import SplitInto, SplitStatistic
@@ -223,7 +224,7 @@ class ClusteredAlgorithm(Algorithm):
         current clusters below it (clients still waiting are in none)."""
         children: dict[int, list[int]] = {}
         split_round: dict[int, int] = {}
-        merged_into = self.merged_into()
+        absorbed = self.merged_into()
         for decision in self.decisions:
             if decision.kind == "split" and isinstance(decision.parent, int):
                 children[decision.parent] = list(decision.children)
@@ -240,14 +241,12 @@ class ClusteredAlgorithm(Algorithm):
 
         return [{"id": node, "parent": parent_of.get(node), "members": members(node),
                  "split_round": split_round.get(node), "children": children.get(node, [])}
-                | ({"merged_into": merged_into[node]} if node in merged_into else {})
+                | ({"merged_into": absorbed[node]} if node in absorbed else {})
                 for node in sorted(set(children) | set(parent_of))]
 
     def merged_into(self) -> dict[int, int]:
         """Each cluster a recorded merge absorbed -> the cluster that absorbed it."""
-        return {c: d.children[0] for d in self.decisions
-                if d.kind == "merge" and isinstance(d.parent, list)
-                for c in d.parent if c != d.children[0]}
+        return merged_into(self.decisions)
 
     def clusters(self) -> list[list[int]]:
         """The clusters, then one group per waiting model of the clients not placed yet."""
@@ -272,6 +271,14 @@ class ClusteredAlgorithm(Algorithm):
         self._waiting = state.get("waiting", {})
         self._waiting_count = Counter(self._unplaced.values())
         self._index_members()
+
+
+def merged_into(decisions: Iterable[Decision]) -> dict[int, int]:
+    """Each cluster a merge among `decisions` absorbed -> the cluster that absorbed it (the
+    decisions are the record: `fedflock assign` reads them from a checkpoint)."""
+    return {c: d.children[0] for d in decisions
+            if d.kind == "merge" and isinstance(d.parent, list)
+            for c in d.parent if c != d.children[0]}
 
 
 def weighted_mean(replies: list[Reply]) -> torch.Tensor:

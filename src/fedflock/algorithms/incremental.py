@@ -396,6 +396,6 @@ class Incremental(MergingAlgorithm):
         self.store = IncrementalSimilarity.from_state(state["store"])
         self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
-        self.trained_rounds = state["trained_rounds"]
+        self.trained_rounds = {int(k): v for k, v in state.get("trained_rounds", {}).items()}
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
         self.watches.load_state_dict(state.get("watches", {}))

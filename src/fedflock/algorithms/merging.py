@@ -77,9 +77,9 @@ class MergingAlgorithm(ClusteredAlgorithm):
 
     def current(self, cluster_id: int) -> int:
         """The cluster a (possibly absorbed) cluster's members now belong to."""
-        merged_into = self.merged_into()
-        while cluster_id in merged_into:
-            cluster_id = merged_into[cluster_id]
+        absorbed = self.merged_into()
+        while cluster_id in absorbed:
+            cluster_id = absorbed[cluster_id]
         return cluster_id
 
     # -- probes --------------------------------------------------------------------------
@@ -198,8 +198,7 @@ class MergingAlgorithm(ClusteredAlgorithm):
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"merges": self.merges.state_dict(),
-                                       "merged_into": self.merged_into()}  # for `assign`
+        return super().state_dict() | {"merges": self.merges.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
