@@ -27,6 +27,7 @@ from fedflock.report import make_report
 from fedflock.report.document import decided_by
 from fedflock.report.load import load_compare
 from fedflock.report.plots import (
+    fmt_number,
     leaf_purity,
     plot_compare_accuracy,
     split_order,
@@ -280,3 +281,11 @@ def test_attack_runs_colour_clients_by_malice() -> None:
     assert attacked.reference_groups == ["benign", "malicious", "benign"]
     grouped = RunData(Path("r"), summary={"true_groups": [0, 1], "attack": {"malicious": [0]}})
     assert grouped.reference_groups == ["true group 0, malicious", "true group 1, benign"]
+
+
+@pytest.mark.parametrize(("value", "cell"), [
+    (0.4212, "0.421"), (-0.003167, "-0.003"), (444825.654639, "444825.655"),
+    (2.1114553424989884e16, "2.111e+16"), (-3.5e6, "-3.500e+06"), (float("inf"), "∞"),
+    (None, "–"), (float("nan"), "–")])
+def test_table_numbers_stay_short_when_a_model_diverges(value: float | None, cell: str) -> None:
+    assert fmt_number(value) == cell

@@ -275,10 +275,12 @@ def split_order(members: list[int], split: dict[str, Any]) -> tuple[list[int], l
 
 
 def fmt_number(value: Any, digits: int = 3) -> str:
+    """A table cell: fixed-point, or scientific from a million on (a diverging model's update
+    norms reach 1e16, which fixed-point would spell out digit by digit)."""
     number = finite(value)
     if number is None:
         return "∞" if isinstance(value, float) and value == float("inf") else "–"
-    return f"{number:.{digits}f}"
+    return f"{number:.{digits}e}" if abs(number) >= 1e6 else f"{number:.{digits}f}"
 
 
 def _group_strip(ax: Axes, groups: np.ndarray, cmap: ListedColormap, vertical: bool) -> None:
