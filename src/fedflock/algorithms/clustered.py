@@ -55,8 +55,9 @@ class SplitTestParams(AlgorithmParams):
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
     merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
                              "model and merge the two when the split test finds no groups "
-                             "there (algorithms.merging; off: not yet measured on the grid, "
-                             "and not for runs under attack)")
+                             "there (algorithms.merging; off: on the grid it undid the one "
+                             "IID split and gained no paying cell, a probe costs a second "
+                             "training, and under attack a merge could admit attackers)")
     merge_min_probes: int = Field(12, ge=3, description="merge test: probes, and own updates, "
                                   "a window needs (6 merged feature_skew's invert group back on "
                                   "the grid, 12 did not)")
