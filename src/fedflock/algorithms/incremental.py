@@ -36,8 +36,10 @@ the parent's heirs. So an under-split (two groups
 Louvain left together, or a clustering done too early) is repaired by later splits, while a
 cluster without structure scores about 1 and stays whole.
 
-Over-splits can be undone (`merge_test`, off until measured on the scenario grid; not under
-attack: a merge could let attackers into a benign cluster): mutually nearest clusters are
+Over-splits can be undone (`merge_test`, off: on the scenario grid it undid the one IID split
+and gained no paying cell, nor did it undo a lower split bar's over-splits, whose parts are
+mostly too small to test; not under attack: a merge could let attackers into a benign
+cluster): mutually nearest clusters are
 paired; sampled members also train the partner's model, beside their own, as many as the
 pair's windows still need (a probe: a side task in the same message, so it costs the client a
 second training and upload, the cluster nothing; under differential privacy it is accounted as
