@@ -64,6 +64,11 @@ BAD_CONFIGS = {
         "algorithm.clusters"),
     "samples beyond memory": ({"data": {"samples_per_client": 100_000_000}},
                               "data.samples_per_client"),
+    "no local work": ({"training": {"local_epochs": None, "local_steps": None}},
+                      "local_epochs"),
+    "attack after the last round": (
+        {"rounds": 5, "attack": {"kind": "zero", "fraction": 0.2, "start_round": 6}},
+        "attack.start_round"),
 }
 
 
@@ -89,6 +94,12 @@ def test_other_user_errors_exit_2(tmp_path: Path, cli) -> None:
     cases.append(("run", str(good), "--set", "training.lr=-1"))
     cases.append(("run", str(good), "--out", str(tmp_path / "none"), "--resume"))
     cases.append(("compare", str(good), "--seeds", "a,b"))
+    cases.append(("compare", str(good), "--seeds", ""))
+    cases.append(("compare", str(good), "--seeds", "0,0"))
+    cases.append(("compare", str(good), "--algorithms", ","))
+    cases.append(("compare", str(good), "--algorithms", "fedavg,fedavg"))
+    cases.append(("run", str(good), "--set", "=1"))
+    cases.append(("run", str(good), "--set", "training..lr=1"))
     cases.append(("report", str(tmp_path / "no-such-run")))
     cases.append(("assign", str(tmp_path)))
     (tmp_path / "empty.yaml").write_text("# nothing here\n")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from fedflock.config import ExperimentConfig
+from fedflock.errors import ConfigError
 from fedflock.experiment import run_experiment
 from fedflock.fileio import write_json, write_text
 from fedflock.validation import validate
@@ -37,6 +38,11 @@ def header(rows: list[dict[str, Any]]) -> list[str]:
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
             quiet: bool = False) -> list[dict[str, Any]]:
     """Run every (algorithm, seed) into out/<algorithm>/seed<k>; return one row per algorithm."""
+    for what, given in (("algorithm", algorithms), ("seed", seeds)):
+        if not given:
+            raise ConfigError(f"compare: no {what} given")
+        if len(set(given)) < len(given):
+            raise ConfigError(f"compare: {what}s repeat ({', '.join(map(str, given))})")
     base = config.model_dump(mode="json")
     # Validate all before running any, so a typo fails in a second, not after an hour.
     configs = {}

@@ -101,6 +101,12 @@ class TrainingConfig(_Strict):
     workers: int | None = Field(None, ge=1)
     dtype: Literal["float32", "float64"] = "float32"
 
+    @model_validator(mode="after")
+    def _some_local_work(self) -> TrainingConfig:
+        if self.local_epochs is None and self.local_steps is None:
+            raise ValueError("give local_epochs or local_steps (both are null)")
+        return self
+
 
 class AlgorithmConfig(BaseModel):
     """`name` plus the algorithm's own parameters, validated by that algorithm."""
@@ -225,6 +231,13 @@ class ExperimentConfig(_Strict):
         "on Flower, separate on the embedded engine). The last round is always evaluated "
         "separately, so summary.json is the same in every mode")
 
+    @model_validator(mode="after")
+    def _attack_within_the_run(self) -> ExperimentConfig:
+        if self.attack is not None and self.attack.start_round > self.rounds:
+            raise ValueError(f"attack.start_round: round {self.attack.start_round} is after the "
+                             f"last round ({self.rounds}), so the attack would never happen")
+        return self
+
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     """The first validation problem as one line: `config: key.path: message (got value)`."""
@@ -237,7 +250,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     more = len(err.errors()) - 1
     suffix = f" [+{more} more]" if more else ""
-    return f"config: {loc or 'config'}: {msg}{shown}{suffix}"
+    return f"config: {loc + ': ' if loc else ''}{msg}{shown}{suffix}"
 
 
 def parse_value(text: str) -> Any:
@@ -255,6 +268,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {item!r}: expected key.path=value")
         path, value = item.split("=", 1)
         keys = path.strip().split(".")
+        if not all(key.strip() for key in keys):
+            raise ConfigError(f"--set {item!r}: expected key.path=value (an empty key)")
         node = raw
         for key in keys[:-1]:
             child = node.setdefault(key, {})
