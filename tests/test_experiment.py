@@ -14,10 +14,11 @@ import pytest
 import torch
 import yaml
 
-from fedflock.config import ParticipationConfig
+from fedflock.algorithms import ALGORITHMS
+from fedflock.config import ParticipationConfig, dump_config
 from fedflock.errors import FedflockError
 from fedflock.experiment import run_experiment, sample_clients, without_timings
-from fedflock.validation import validate
+from fedflock.validation import resolved, validate
 from tests.conftest import make_algorithm, small_config
 
 CFL = {"name": "cfl", "warmup_rounds": 2, "patience": 2}
@@ -94,6 +95,38 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     run_experiment(validate(small_config()), out, quiet=True)
     with pytest.raises(FedflockError, match="config differs"):
         run_experiment(validate(small_config(**{"training.lr": 0.05})), out, resume=True)
+
+
+def test_config_yaml_spells_out_every_algorithm_parameter(tmp_path: Path) -> None:
+    """What the run used, defaults included, so the record outlives a change of default."""
+    out = tmp_path / "run"
+    run_experiment(validate(small_config(algorithm=CFL)), out, quiet=True)
+    stored = yaml.safe_load((out / "config.yaml").read_text())["algorithm"]
+    defaults = ALGORITHMS.get("cfl").Params().model_dump(mode="json")
+    assert stored == {**defaults, **CFL}
+    assert stored["f_threshold"] == defaults["f_threshold"] and len(stored) > len(CFL)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_resolved_config_validates_back_to_itself(name: str) -> None:
+    config = resolved(validate(small_config(algorithm={"name": name})))
+    assert resolved(validate(yaml.safe_load(dump_config(config)))) == config
+
+
+def test_resume_compares_settings_not_the_written_form(tmp_path: Path) -> None:
+    """A config.yaml holding only the parameters given (as written before every default was
+    spelled out) resumes; a changed value is still refused."""
+    raw = small_config(algorithm=CFL, rounds=4, checkpoint_every=2)
+    run_experiment(validate({**raw, "rounds": 2}), tmp_path / "run", quiet=True)
+    path = tmp_path / "run" / "config.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(dump_config(validate(raw))),
+                                    "rounds": 4}))
+    assert yaml.safe_load(path.read_text())["algorithm"] == CFL
+    changed = {**raw, "algorithm": {**CFL, "f_threshold": 2.0}}
+    with pytest.raises(FedflockError, match="config differs"):
+        run_experiment(validate(changed), tmp_path / "run", resume=True, quiet=True)
+    resumed = run_experiment(validate(raw), tmp_path / "run", resume=True, quiet=True)
+    assert resumed["rounds"] == 4
 
 
 def test_participation_sampling_is_seeded_and_sized() -> None:

@@ -30,6 +30,7 @@ from fedflock.summary import (
     round_record,
     summarise_run,
 )
+from fedflock.validation import resolved
 
 TIMING_KEYS = ("wall_seconds", "rounds_per_second", "timing")
 
@@ -90,7 +91,7 @@ class Run:
         malicious = malicious_clients(cfg.attack, engine.num_clients, cfg.seed)
         if cfg.attack is not None and cfg.attack.poisons_model:
             engine.adversary = Adversary(cfg.attack, malicious, cfg.seed, engine.update_size)
-        restore = self.dir.prepare(dump_config(cfg), resume)
+        restore = self.dir.prepare(dump_config(resolved(cfg)), resume)
         start_round, elapsed = self._restore(algorithm, engine) if restore else (0, 0.0)
         evaluation: Evaluation = {}
         t_start = time.perf_counter() - elapsed

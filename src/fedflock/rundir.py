@@ -26,6 +26,7 @@ import yaml
 
 from fedflock.errors import FedflockError
 from fedflock.fileio import atomic_open, json_text, write_json, write_text
+from fedflock.validation import resolved, validate
 
 CHECKPOINT_FORMAT = 2  # 1: pickled numpy arrays (before weights_only loading)
 
@@ -53,10 +54,19 @@ def _unsafe_reason(err: Exception) -> str:
 
 
 def _same_config(stored: str, config_text: str) -> bool:
-    """The same settings (key order and formatting aside)."""
+    """The same settings (key order and formatting aside). A config.yaml written before it
+    spelled out every algorithm parameter is compared with its defaults filled in."""
     try:
-        return yaml.safe_load(stored) == yaml.safe_load(config_text)
+        ours, theirs = yaml.safe_load(stored), yaml.safe_load(config_text)
     except yaml.YAMLError:
+        return False
+    if ours == theirs:
+        return True
+    try:
+        return isinstance(ours, dict) and isinstance(theirs, dict) and \
+            resolved(validate(ours)).model_dump(mode="json") == \
+            resolved(validate(theirs)).model_dump(mode="json")
+    except FedflockError:
         return False
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from fedflock.algorithms import ALGORITHMS, validate_params
 from fedflock.config import (
     BUILTIN_SCENARIOS,
+    AlgorithmConfig,
     ExperimentConfig,
     apply_overrides,
     load_raw,
@@ -39,6 +40,15 @@ def validate(raw: dict[str, Any]) -> ExperimentConfig:
         prepare_dp(config.privacy.dp, config.rounds, ALGORITHMS.get(config.algorithm.name),
                    params)
     return config
+
+
+def resolved(config: ExperimentConfig) -> ExperimentConfig:
+    """The config with every parameter of its algorithm spelled out, defaults included: what a
+    run directory's config.yaml records, so it says what the run used even after a default
+    changes (and `--resume` compares settings, not what happened to be written)."""
+    params = validate_params(config.algorithm).model_dump(mode="json")
+    algorithm = AlgorithmConfig(name=config.algorithm.name, **params)
+    return config.model_copy(update={"algorithm": algorithm})
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
