@@ -180,3 +180,30 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
     if settings is PARTIAL:  # the scenario really clustered and placed a client by selection
         assert summary["splits"] and summary["splits"][0]["unseen"] == 1
         assert summary["communication"]["down_floats"] > summary["communication"]["up_floats"]
+
+
+def test_a_plugin_algorithm_runs_on_flower_simulation_as_embedded(tmp_path: Path) -> None:
+    """`fedflock --plugin FILE run` with `engine: flower`: the plugin is loaded by Flower's
+    ServerApp and ClientApps too (they run in other processes, from another directory)."""
+    import subprocess
+    import sys
+
+    from fedflock.plugins import load_plugins
+
+    example = str(REPO / "examples" / "custom_algorithm.py")
+    settings = {"rounds": 1, "eval_every": 1, "algorithm": {"name": "example_fedprox", "mu": 0.5}}
+    raw = apply_dotted(yaml.safe_load(DEMO.read_text()), settings)
+    load_plugins([example])
+    embedded = run_experiment(validate({**raw, "engine": "embedded"}), tmp_path / "embedded",
+                              quiet=True)
+    out = tmp_path / "simulated"
+    sets = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    done = subprocess.run([sys.executable, "-m", "fedflock", "--plugin",
+                           str(Path(example).relative_to(REPO)), "run", str(DEMO), *sets,
+                           "--out", str(out), "-q"], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert processes_carrying() == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "flower" and summary["algorithm"] == "example_fedprox"
+    assert abs(summary["accuracy"]["mean"] - embedded["accuracy"]["mean"]) <= 0.02

@@ -18,6 +18,9 @@ from fedflock.fileio import write_json
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Clustered federated learning: find groups of compatible clients.")
 
+_plugins: list[str] = []  # the --plugin modules, also handed to Flower's server and clients
+
+
 @app.callback()
 def _options(plugin: Annotated[list[str] | None, typer.Option(
         "--plugin", help="import a module (name or .py file) that registers components")] = None
@@ -25,7 +28,8 @@ def _options(plugin: Annotated[list[str] | None, typer.Option(
     """Load plugins before any command, so their components are known to it."""
     from fedflock.plugins import load_plugins
 
-    load_plugins(plugin or [])
+    _plugins[:] = plugin or []
+    load_plugins(_plugins)
 
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: key.path=value")]
@@ -54,7 +58,8 @@ def run(config: Path, set_: SetOpt = None,
     if cfg.engine == "flower":  # Flower's simulation runtime, through `flwr run`
         from fedflock.engines.flower.simulation import run_simulation
 
-        summary = run_simulation(config, set_ or [], out, cfg.data.clients, resume=resume)
+        summary = run_simulation(config, set_ or [], out, cfg.data.clients, resume=resume,
+                                 plugins=_plugins)
     else:
         summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
     metric = summary.get("primary_metric", "accuracy")

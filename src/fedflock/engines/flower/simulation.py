@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,13 @@ from fedflock.errors import FedflockError
 
 
 def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: int,
-                   resume: bool = False, timeout: float = 3600.0) -> dict[str, Any]:
+                   resume: bool = False, timeout: float = 3600.0,
+                   plugins: Iterable[str] = ()) -> dict[str, Any]:
+    """`plugins`: modules registering user components (`--plugin`), loaded by Flower's
+    ServerApp and every ClientApp too; a `.py` file by its absolute path, as they run
+    elsewhere."""
     out = Path(out).resolve()
+    modules = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins]
     with tempfile.TemporaryDirectory(prefix="fedflock-flwr-") as home:
         (Path(home) / "config.toml").write_text(
             '[superlink]\ndefault = "simulation"\n\n[superlink.simulation]\n'
@@ -30,7 +36,8 @@ def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: 
             "options.backend.client-resources.num-cpus = 1\n")
         env = flower_env(Path(home)) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
         run_config = (f'config="{Path(config_path).resolve()}" out="{out}" '
-                      f'set="{";".join(overrides)}" resume={str(resume).lower()}')
+                      f'set="{";".join(overrides)}" resume={str(resume).lower()} '
+                      f'plugins="{";".join(modules)}"')
         log = out.parent / f"{out.name}.flower.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with OwnedProcesses(env) as owned, log.open("w") as fh:
