@@ -11,6 +11,7 @@ import torch
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.assign import assign_new_clients
+from fedflock.errors import FedflockError
 from fedflock.experiment import Run, run_experiment, without_timings
 from fedflock.validation import validate
 from tests.conftest import small_config
@@ -174,3 +175,27 @@ def test_summary_has_the_design_fields(tmp_path: Path) -> None:
     assert 0 < timing["outside_training_share"] < 1
     assert np.isclose(summary["accuracy"]["mean"], np.mean(summary["accuracy"]["per_client"]),
                       atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "incremental", "cluster_round": 5},
+                                       {"name": "ifca", "clusters": 2, "init": "clients"}],
+                         ids=["incremental", "ifca"])
+def test_assign_places_new_clients_without_a_tree_by_their_own_scores(
+        tmp_path: Path, algorithm: dict) -> None:
+    """No parameter tree: a new client joins the cluster model that scores best on its own
+    training data (incremental: accuracy, IFCA: loss), as the method places clients."""
+    out = tmp_path / "run"
+    summary = run_experiment(validate(_split_config(rounds=14, algorithm=algorithm)), out,
+                             quiet=True)
+    assert summary["ari"] == 1.0 and summary["num_clusters"] == 2
+    result = assign_new_clients(out, clients=6, seed=99)
+    assert result["routed_correctly"] == 1.0 and result["algorithm"] == algorithm["name"]
+    assert len(result["clients"]) == 6 and not any("path" in r for r in result["clients"])
+    assert {r["cluster_group"] for r in result["clients"]} == {0, 1}
+
+
+def test_assign_refuses_a_method_without_a_shared_model(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_experiment(validate(small_config(algorithm={"name": "local"})), out, quiet=True)
+    with pytest.raises(FedflockError, match="no shared model"):
+        assign_new_clients(out, clients=2, seed=1)

@@ -1,65 +1,103 @@
-"""Place new clients into a trained CFL run by traversing its parameter tree (Algorithm 4)."""
+"""Place new clients into a trained run: through CFL's parameter tree (Algorithm 4 of the
+paper), or, for a method without one, into the cluster model that scores best on the client's
+own training data, as that method places clients itself (incremental clustering's newcomers:
+the most accurate; IFCA: its criterion, the lowest loss)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedflock.algorithms import ALGORITHMS, validate_params
 from fedflock.algorithms.base import Decision
 from fedflock.algorithms.clustered import merged_into
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.tasks import Evaluate, Train
+from fedflock.client.tasks import Evaluate, Select, Train
 from fedflock.clustering import ParameterTree
-from fedflock.config import load_raw
+from fedflock.config import ExperimentConfig, load_raw
 from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import FedflockError
 from fedflock.rundir import RunDirectory
 from fedflock.validation import validate
 
+# (client, runtime) -> (the cluster it joins, the tree path it took: None without a tree)
+Placer = Callable[[int, ClientRuntime], tuple[int, list[int] | None]]
+
+
+def _tree_placer(state: dict[str, Any]) -> Placer:
+    tree = ParameterTree.from_dict(state["tree"])
+    absorbed = merged_into(Decision.from_state(d) for d in state["decisions"])
+
+    def place(client: int, runtime: ClientRuntime) -> tuple[int, list[int] | None]:
+        def update_at(params: torch.Tensor) -> torch.Tensor:
+            reply = Train(client, 0, params).run(runtime)
+            return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
+
+        return tree.route(update_at, absorbed)
+
+    return place
+
+
+def _score_placer(ids: list[int], models: torch.Tensor, criterion: str) -> Placer:
+    def place(client: int, runtime: ClientRuntime) -> tuple[int, list[int] | None]:
+        reply = Select(client, 0, models, criterion=criterion, train=False).run(runtime)
+        return ids[reply.choice], None
+
+    return place
+
+
+def _placement(config: ExperimentConfig, state: dict[str, Any]
+               ) -> tuple[Placer, dict[int, torch.Tensor], dict[int, list[int]]]:
+    """How a new client is placed, the models it may join and their members."""
+    name = config.algorithm.name
+    cls = ALGORITHMS.get(name)
+    clusters = cls.newcomer_clusters(state)
+    if clusters is None:
+        raise FedflockError(f"algorithm {name!r} keeps no shared model a new client could join")
+    models = {cid: params for cid, params, _ in clusters}
+    members = {cid: group for cid, _, group in clusters}
+    if "tree" in state:
+        return _tree_placer(state), models, members
+    ids = list(models)
+    criterion = cls.newcomer_criterion(validate_params(config.algorithm))
+    return _score_placer(ids, torch.stack([models[i] for i in ids]), criterion), models, members
+
 
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
-    """Draw `clients` new clients of the run's scenario (same groups, fresh samples), route each
-    through the tree and evaluate it on the model of the cluster it lands in."""
+    """Draw `clients` new clients of the run's scenario (same groups, fresh samples), place
+    each and evaluate it on the model of the cluster it joins."""
     run = RunDirectory(run_dir)
     if not run.config_path.is_file() or not run.checkpoint_path.is_file():
         raise FedflockError(f"{run_dir} is not a finished run (config.yaml and checkpoints/)")
     config = validate(load_raw(run.config_path))
     state = run.read_checkpoint(config.algorithm.name)["algorithm"]
-    if "tree" not in state:
-        raise FedflockError(f"{run_dir}: algorithm {config.algorithm.name!r} has no "
-                            "parameter tree (assign works on cfl runs)")
     try:
-        tree = ParameterTree.from_dict(state["tree"])
-        leaf_models = {c["id"]: c["params"] for c in state["clusters"]}
-        absorbed = merged_into(Decision.from_state(d) for d in state["decisions"])
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise FedflockError(f"{run.checkpoint_path}: a damaged parameter tree "
+        place, models, members = _placement(config, state)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as err:
+        raise FedflockError(f"{run.checkpoint_path}: damaged clusters or parameter tree "
                             f"({type(err).__name__}: {err})") from None
     trained = build_federated_data(config.data, config.seed)
     data_cfg = config.data.model_copy(update={"clients": clients})
     fresh = build_federated_data(data_cfg, seed, shift_seed=config.seed)
     runtime = ClientRuntime(fresh, config.model, config.training, config.seed, config.privacy)
+    metric = runtime.objective.primary
 
-    # Which true group each leaf serves (majority of its training clients), to score routing.
-    leaf_group = {}
-    for cluster in state["clusters"]:
-        groups = trained.groups[cluster["members"]]
-        leaf_group[cluster["id"]] = int(np.bincount(groups).argmax())
-
+    # Which true group each cluster serves (majority of its training clients), to score the
+    # placement; a cluster without members serves none.
+    serves = {cid: int(np.bincount(trained.groups[group]).argmax()) if group else None
+              for cid, group in members.items()}
     rows = []
     for client in range(clients):
-        def update_at(params: torch.Tensor, c: int = client) -> torch.Tensor:
-            reply = Train(c, 0, params).run(runtime)
-            return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
-
-        leaf, path = tree.route(update_at, absorbed)
-        acc = Evaluate(client, 0, leaf_models[leaf]).run(runtime).metrics["accuracy"]
-        rows.append({"client": client, "true_group": int(fresh.groups[client]), "cluster": leaf,
-                     "cluster_group": leaf_group[leaf], "accuracy": round(acc, 4), "path": path})
+        cluster, path = place(client, runtime)
+        score = Evaluate(client, 0, models[cluster]).run(runtime).metrics[metric]
+        row = {"client": client, "true_group": int(fresh.groups[client]), "cluster": cluster,
+               "cluster_group": serves[cluster], metric: round(score, 4)}
+        rows.append(row | ({"path": path} if path is not None else {}))
     correct = [r["true_group"] == r["cluster_group"] for r in rows]
-    return {"run": str(run_dir), "clients": rows,
+    return {"run": str(run_dir), "algorithm": config.algorithm.name, "clients": rows,
             "routed_correctly": float(np.mean(correct)),
-            "accuracy_mean": float(np.mean([r["accuracy"] for r in rows]))}
+            f"{metric}_mean": float(np.mean([r[metric] for r in rows]))}

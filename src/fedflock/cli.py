@@ -120,16 +120,18 @@ def assign(run_dir: Path,
            clients: Annotated[int, typer.Option(min=1, help="new clients to place")] = 10,
            seed: Annotated[int, typer.Option(help="seed of the new clients' samples")] = 1000,
            ) -> None:
-    """Place new clients of the run's scenario into its clusters via the parameter tree."""
+    """Place new clients of the run's scenario into its clusters (CFL: via the parameter tree;
+    other methods: the cluster model that scores best on the client's own data)."""
     from fedflock.assign import assign_new_clients
 
     result = assign_new_clients(run_dir, clients, seed)
+    metric = next(k.removesuffix("_mean") for k in result if k.endswith("_mean"))
     for row in result["clients"]:
         typer.echo(f"client {row['client']:3d} (group {row['true_group']}) -> cluster "
                    f"{row['cluster']} (serves group {row['cluster_group']}), "
-                   f"accuracy {row['accuracy']:.3f}")
-    typer.echo(f"routed to its own group's cluster: {result['routed_correctly']:.0%}, "
-               f"mean accuracy {result['accuracy_mean']:.4f}")
+                   f"{metric} {row[metric]:.3f}")
+    typer.echo(f"placed in its own group's cluster: {result['routed_correctly']:.0%}, "
+               f"mean {metric} {result[metric + '_mean']:.4f}")
     write_json(run_dir / "assign.json", result)
 
 

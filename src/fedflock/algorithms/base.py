@@ -130,6 +130,20 @@ class Algorithm(ABC):
         self.decisions: list[Decision] = []
         self.kept: list[str] = []  # models kept this round because their aggregate overflowed
 
+    @classmethod
+    def newcomer_clusters(cls, state: dict[str, Any]
+                          ) -> list[tuple[int, torch.Tensor, list[int]]] | None:
+        """The models a client new to a finished run may join, from its checkpoint's state:
+        (cluster id, parameters, members). None: the method keeps no shared model to join
+        (`fedflock assign`)."""
+        return None
+
+    @classmethod
+    def newcomer_criterion(cls, params: BaseModel) -> str:
+        """How a new client picks among `newcomer_clusters` on its own training data (a select
+        task's criterion): the most accurate model, as incremental clustering's newcomers."""
+        return "accuracy"
+
     @abstractmethod
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         """Tasks for the clients sampled in round `rnd`."""

@@ -85,6 +85,11 @@ class ClusteredAlgorithm(Algorithm):
     def initial_clusters(self) -> list[list[int]]:
         return [list(range(self.num_clients))]
 
+    @classmethod
+    def newcomer_clusters(cls, state: dict[str, Any]
+                          ) -> list[tuple[int, torch.Tensor, list[int]]] | None:
+        return [(c["id"], c["params"], list(c["members"])) for c in state["clusters"]]
+
     def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         """What a member trains from its cluster's model (default: local SGD)."""
         return Train(client, rnd, params)

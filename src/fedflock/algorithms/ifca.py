@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Decision
 from fedflock.algorithms.clustered import weighted_mean
@@ -82,6 +82,18 @@ class IFCA(Algorithm):
         self._stack: torch.Tensor | None = None
         self._chosen_final = False
         self.seeded = params.init == "random"  # `clients`: the models come from round 1
+
+    @classmethod
+    def newcomer_clusters(cls, state: dict[str, Any]
+                          ) -> list[tuple[int, torch.Tensor, list[int]]] | None:
+        choice = {int(c): int(k) for c, k in state["choice"].items()}
+        return [(k, model, sorted(c for c, chosen in choice.items() if chosen == k))
+                for k, model in enumerate(state["models"])]
+
+    @classmethod
+    def newcomer_criterion(cls, params: BaseModel) -> str:
+        assert isinstance(params, IFCAParams)
+        return params.criterion  # as its clients choose every round
 
     def _stacked(self) -> torch.Tensor:
         """The (K, P) stack every select task of a round shares (built once per round)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 
@@ -12,3 +14,7 @@ class Local(ClusteredAlgorithm):
 
     def initial_clusters(self) -> list[list[int]]:
         return [[c] for c in range(self.num_clients)]
+
+    @classmethod
+    def newcomer_clusters(cls, state: dict[str, Any]) -> None:
+        return None  # every model is one client's own
