@@ -182,9 +182,11 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
         assert summary["communication"]["down_floats"] > summary["communication"]["up_floats"]
 
 
-def test_a_plugin_algorithm_runs_on_flower_simulation_as_embedded(tmp_path: Path) -> None:
-    """`fedflock --plugin FILE run` with `engine: flower`: the plugin is loaded by Flower's
-    ServerApp and ClientApps too (they run in other processes, from another directory)."""
+def test_compare_runs_a_plugin_algorithm_on_flower_simulation_as_embedded(
+        tmp_path: Path) -> None:
+    """`fedflock --plugin FILE compare` with `engine: flower`: each run goes through Flower's
+    simulation runtime, and the plugin is loaded by Flower's ServerApp and ClientApps too
+    (other processes, started from another directory)."""
     import subprocess
     import sys
 
@@ -199,11 +201,11 @@ def test_a_plugin_algorithm_runs_on_flower_simulation_as_embedded(tmp_path: Path
     out = tmp_path / "simulated"
     sets = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
     done = subprocess.run([sys.executable, "-m", "fedflock", "--plugin",
-                           str(Path(example).relative_to(REPO)), "run", str(DEMO), *sets,
-                           "--out", str(out), "-q"], capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+                           str(Path(example).relative_to(REPO)), "compare", str(DEMO), *sets,
+                           "--algorithms", "example_fedprox", "--out", str(out), "-q"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert processes_carrying() == []
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "example_fedprox" / "seed0" / "summary.json").read_text())
     assert summary["engine"] == "flower" and summary["algorithm"] == "example_fedprox"
     assert abs(summary["accuracy"]["mean"] - embedded["accuracy"]["mean"]) <= 0.02

@@ -18,9 +18,6 @@ from fedflock.fileio import write_json
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Clustered federated learning: find groups of compatible clients.")
 
-_plugins: list[str] = []  # the --plugin modules, also handed to Flower's server and clients
-
-
 @app.callback()
 def _options(plugin: Annotated[list[str] | None, typer.Option(
         "--plugin", help="import a module (name or .py file) that registers components")] = None
@@ -28,8 +25,7 @@ def _options(plugin: Annotated[list[str] | None, typer.Option(
     """Load plugins before any command, so their components are known to it."""
     from fedflock.plugins import load_plugins
 
-    _plugins[:] = plugin or []
-    load_plugins(_plugins)
+    load_plugins(plugin or [])
 
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: key.path=value")]
@@ -55,13 +51,8 @@ def run(config: Path, set_: SetOpt = None,
 
     cfg = load_config(config, set_ or [])
     out = out or _default_out(config, f"{cfg.algorithm.name}-seed{cfg.seed}")
-    if cfg.engine == "flower":  # Flower's simulation runtime, through `flwr run`
-        from fedflock.engines.flower.simulation import run_simulation
-
-        summary = run_simulation(config, set_ or [], out, cfg.data.clients, resume=resume,
-                                 plugins=_plugins)
-    else:
-        summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
+    # engine: flower goes through Flower's simulation runtime (`flwr run`)
+    summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
     metric = summary.get("primary_metric", "accuracy")
     ari = "n/a" if summary["ari"] is None else f"{summary['ari']:.3f}"
     typer.echo(

@@ -20,6 +20,7 @@ from fedflock.data.poisoning import malicious_clients
 from fedflock.engines.base import Engine
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.errors import ConfigError, FedflockError
+from fedflock.plugins import named_plugins
 from fedflock.robust import Adversary
 from fedflock.rundir import RunDirectory
 from fedflock.summary import (
@@ -74,8 +75,8 @@ class Run:
         """Run (or continue) the experiment; `engine` defaults to the embedded one."""
         cfg = self.config
         if engine is None and cfg.engine == "flower":
-            raise FedflockError("engine 'flower' runs through Flower: `fedflock run` (simulation) "
-                                "or `flwr run \"$(fedflock flower-app)\"` (see README)")
+            raise FedflockError("engine 'flower' runs through Flower: `run_experiment` "
+                                "(simulation) or `flwr run \"$(fedflock flower-app)\"` (README)")
         engine = engine or EmbeddedEngine.from_config(cfg)
         engine.norm_bound = cfg.server.norm_bound
         try:  # every config error is raised before the run directory is touched
@@ -206,6 +207,12 @@ class Run:
 
 def run_experiment(config: ExperimentConfig, out: Path, resume: bool = False,
                    quiet: bool = False) -> dict[str, Any]:
+    """Run one experiment into `out`: on the embedded engine, or with `engine: flower` through
+    Flower's simulation runtime (`flwr run`), with the plugins loaded here."""
+    if config.engine == "flower":
+        from fedflock.engines.flower.simulation import simulate
+
+        return simulate(config, out, resume, plugins=named_plugins())
     return Run(config, out, quiet).execute(resume)
 
 

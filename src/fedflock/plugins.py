@@ -23,6 +23,7 @@ from fedflock.errors import FedflockError
 
 ENTRY_POINT_GROUP = "fedflock.plugins"
 _loaded: dict[str, ModuleType] = {}
+_named: list[str] = []  # the modules loaded by name or file (not entry points), in order
 
 
 def _import(spec: str) -> ModuleType:
@@ -53,8 +54,16 @@ def load_plugins(specs: Iterable[str] = (), entry_point_group: str | None = ENTR
         key = str(Path(spec).resolve()) if spec.endswith(".py") else spec
         if key not in _loaded:
             _loaded[key] = _import(spec)
+            _named.append(key)
     if entry_point_group:
         for point in entry_points(group=entry_point_group):
             if point.value not in _loaded:
                 _loaded[point.value] = point.load()
     return sorted(_loaded)
+
+
+def named_plugins() -> list[str]:
+    """The plugin modules loaded by name or file so far (`.py` files by absolute path): what
+    processes started elsewhere, such as Flower's ServerApp and ClientApps, must load too
+    (entry points they find themselves)."""
+    return list(_named)

@@ -16,9 +16,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fedflock.config import ExperimentConfig, dump_config
 from fedflock.engines.flower.local import APP, flower_env
 from fedflock.engines.flower.processes import OwnedProcesses
 from fedflock.errors import FedflockError
+
+
+def simulate(config: ExperimentConfig, out: Path, resume: bool = False,
+             plugins: Iterable[str] = ()) -> dict[str, Any]:
+    """A checked config through Flower's simulation runtime: its YAML goes to a temporary
+    file the Flower processes read (relative paths in it mean what they mean here)."""
+    with tempfile.TemporaryDirectory(prefix="fedflock-config-") as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(dump_config(config))
+        return run_simulation(path, [], out, config.data.clients, resume=resume,
+                              plugins=plugins)
 
 
 def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: int,
