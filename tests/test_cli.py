@@ -64,6 +64,9 @@ BAD_CONFIGS = {
         "algorithm.clusters"),
     "samples beyond memory": ({"data": {"samples_per_client": 100_000_000}},
                               "data.samples_per_client"),
+    "options of a built-in scenario": ({"data": {"scenario": {"kind": "rotation",
+                                                              "options": {"angle": 30}}}},
+                                       "scenario.options"),
     "no local work": ({"training": {"local_epochs": None, "local_steps": None}},
                       "local_epochs"),
     "attack after the last round": (

@@ -69,6 +69,9 @@ class DataConfig(_Strict):
             raise ValueError(
                 f"scenario.groups ({sc.groups}) must not exceed clients ({self.clients})"
             )
+        if sc.options and sc.kind in BUILTIN_SCENARIOS:
+            raise ValueError(f"scenario.options: parameters of a plugin's own scenario; the "
+                             f"built-in {sc.kind!r} takes its parameters as scenario keys")
         if sc.kind == "feature_skew" and len(set(sc.transforms[: sc.groups])) < sc.groups:
             raise ValueError(f"scenario.transforms: feature_skew with {sc.groups} groups needs "
                              f"{sc.groups} distinct transforms, one per group")
