@@ -11,6 +11,13 @@ method's final clusters against both partitions (read from the grid's run direct
 
     python benchmarks/congruence.py --seed 0 --runs runs/grid --out runs/congruence.jsonl \\
         --results benchmarks/results/grid-seed0.jsonl
+
+`--acceptance ROWS` runs nothing: from the grid's rows and these rows it prints the issue's
+acceptance count (paying cells at ARI >= 0.95) under both yardsticks, each feature_skew cell
+of 3 or more groups scored against its groups and against {invert, rest}:
+
+    python benchmarks/congruence.py --seed 1 --results benchmarks/results/grid-seed1.jsonl \\
+        --acceptance benchmarks/results/grid-congruence.jsonl
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from sklearn.metrics import adjusted_rand_score
 from fedflock.config import ScenarioConfig
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
-from grid import draw_cells
+from grid import GAIN, GOOD_ARI, draw_cells
 
 METHODS = ("incremental", "cfl")
 # the group the grid's feature_skew cells give the invert transform (they keep the defaults)
@@ -63,19 +70,46 @@ def coarse_oracle(cell, seed: int, groups: np.ndarray, work: Path) -> float:
     return json.loads(done.read_text())["accuracy"]["mean"]
 
 
+def acceptance(grid_rows: list[dict], congruence_rows: list[dict], seed: int) -> None:
+    """Print, per method: paying cells (the oracle beats FedAvg by >= 5 points), those at
+    ARI >= 0.95 against the groups, and those at ARI >= 0.95 when every feature_skew cell of
+    `congruence_rows` is scored against {invert, rest} instead."""
+    runs = {(r["cell"], r["algorithm"]): r for r in grid_rows if r["seed"] == seed}
+    coarse = {r["cell"]: r for r in congruence_rows if r["seed"] == seed}
+    paying = sorted({cell for cell, _ in runs if (cell, "oracle") in runs and
+                     runs[cell, "oracle"]["accuracy"] - runs[cell, "fedavg"]["accuracy"]
+                     >= GAIN})
+    print("| method | paying cells | ARI >= 0.95 | feature_skew against {invert, rest} |")
+    print("|---|---|---|---|")
+    for method in METHODS:
+        cells = [c for c in paying if (c, method) in runs]
+        found = sum(runs[c, method]["ari"] >= GOOD_ARI for c in cells)
+        needed = sum((coarse[c][method]["ari_coarse"] if c in coarse else runs[c, method]["ari"])
+                     >= GOOD_ARI for c in cells)
+        print(f"| {method} | {len(cells)} | {found} | {needed} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--runs", required=True,
+    parser.add_argument("--runs", default=None,
                         help="comma-separated grid output folders holding the methods' runs")
     parser.add_argument("--results", required=True,
                         help="a grid results.jsonl with the cells' fedavg and oracle rows")
     parser.add_argument("--work", default="runs/congruence")
     parser.add_argument("--out", default=None, help="append one JSON line per cell here")
+    parser.add_argument("--acceptance", type=Path, default=None,
+                        help="rows of earlier runs of this script: print the acceptance counts")
     args = parser.parse_args()
+    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines()]
+    if args.acceptance is not None:
+        acceptance(rows, [json.loads(line) for line in
+                          args.acceptance.read_text().splitlines()], args.seed)
+        return
+    if args.runs is None:
+        parser.error("--runs is needed unless --acceptance is given")
     runs = [Path(p) for p in args.runs.split(",")]
     work = Path(args.work) / f"seed{args.seed}"
-    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines()]
     reference = {(r["cell"], r["algorithm"]): r["accuracy"] for r in rows
                  if r["seed"] == args.seed}
     print("| cell | fedavg | oracle | oracle, invert vs rest | "
