@@ -165,3 +165,23 @@ def test_final_tasks_stop_when_nobody_answers() -> None:
     engine = Silent()
     assert engine.finish(algorithm, 5, [0, 1, 2]) is True
     assert Silent.calls == 1 and engine.missing == {0: [5], 1: [5], 2: [5]}
+
+
+def test_an_unanswered_last_evaluation_is_marked_not_passed_off_as_final(tmp_path: Path) -> None:
+    """When nobody answers the last round's evaluation (nodes down), summary.json and the
+    round's record say which round their figures come from."""
+    from fedflock.engines.embedded import EmbeddedEngine
+    from fedflock.experiment import Run
+
+    class LastRoundSilent(EmbeddedEngine):
+        def evaluate(self, algorithm, rnd=0):
+            return {} if rnd == 3 else super().evaluate(algorithm, rnd)
+
+    config = validate(small_config(rounds=3))
+    summary = Run(config, tmp_path / "run", quiet=True).execute(
+        engine=LastRoundSilent.from_config(config))
+    assert summary["evaluated_round"] == 2
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["round"] == 3 and last["evaluated_round"] == 2
+    whole = run_experiment(config, tmp_path / "whole", quiet=True)
+    assert "evaluated_round" not in whole

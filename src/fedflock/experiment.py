@@ -70,6 +70,7 @@ class Run:
         self.out = Path(out)
         self.dir = RunDirectory(self.out)
         self.quiet = quiet
+        self.evaluated_round: int | None = None  # the round the latest evaluation comes from
 
     def execute(self, resume: bool = False, engine: Engine | None = None) -> dict[str, Any]:
         """Run (or continue) the experiment; `engine` defaults to the embedded one."""
@@ -119,12 +120,16 @@ class Run:
                                 f"k={algorithm.num_clusters()}"))
             finished = engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
             if finished or not evaluation:  # the last round's evaluation is still current
-                evaluation = engine.evaluate(algorithm, cfg.rounds)
+                fresh = engine.evaluate(algorithm, cfg.rounds)
+                if fresh or not evaluation:
+                    evaluation, self.evaluated_round = fresh, cfg.rounds
             attack = attack_summary(cfg, algorithm, engine, evaluation, objective, malicious)
         finally:
             engine.close()
         wall = time.perf_counter() - t_start
         summary = summarise_run(cfg, algorithm, engine, evaluation, objective, wall)
+        if self.evaluated_round not in (None, cfg.rounds):  # the last evaluation went unanswered
+            summary["evaluated_round"] = self.evaluated_round
         if attack is not None:
             summary["attack"] = attack
         if round_seconds > 0:
@@ -180,8 +185,13 @@ class Run:
                 record.update(round_record(received, objective),
                               evaluated_clients=sorted(received))
         elif scheduled:
-            evaluation = engine.evaluate(algorithm, rnd) or evaluation
-            record.update(round_record(evaluation, objective))
+            fresh = engine.evaluate(algorithm, rnd)
+            if fresh:
+                evaluation, self.evaluated_round = fresh, rnd
+            elif evaluation:  # nobody answered: the figures are an earlier round's, said so
+                record["evaluated_round"] = self.evaluated_round
+            if evaluation:
+                record.update(round_record(evaluation, objective))
         timing["evaluate"] = time.perf_counter() - t0
         assignment = partition_labels(algorithm.clusters(), engine.num_clients)
         groups = engine.true_groups
