@@ -74,9 +74,12 @@ def acceptance(grid_rows: list[dict], congruence_rows: list[dict], seed: int) ->
     """Print, per method: paying cells (the oracle beats FedAvg by >= 5 points), those at
     ARI >= 0.95 against the groups, and those at ARI >= 0.95 when every feature_skew cell of
     `congruence_rows` is scored against {invert, rest} instead."""
-    runs = {(r["cell"], r["algorithm"]): r for r in grid_rows if r["seed"] == seed}
-    coarse = {r["cell"]: r for r in congruence_rows if r["seed"] == seed}
-    paying = sorted({cell for cell, _ in runs if (cell, "oracle") in runs and
+    runs = {(r["cell"], r["algorithm"]): r for r in grid_rows if r.get("seed") == seed}
+    if not runs:
+        raise SystemExit(f"error: no grid rows of seed {seed}")
+    coarse = {r["cell"]: r for r in congruence_rows if r.get("seed") == seed}
+    paying = sorted({cell for cell, _ in runs
+                     if (cell, "oracle") in runs and (cell, "fedavg") in runs and
                      runs[cell, "oracle"]["accuracy"] - runs[cell, "fedavg"]["accuracy"]
                      >= GAIN})
     print("| method | paying cells | ARI >= 0.95 | feature_skew against {invert, rest} |")
@@ -84,8 +87,8 @@ def acceptance(grid_rows: list[dict], congruence_rows: list[dict], seed: int) ->
     for method in METHODS:
         cells = [c for c in paying if (c, method) in runs]
         found = sum(runs[c, method]["ari"] >= GOOD_ARI for c in cells)
-        needed = sum((coarse[c][method]["ari_coarse"] if c in coarse else runs[c, method]["ari"])
-                     >= GOOD_ARI for c in cells)
+        needed = sum((coarse[c][method]["ari_coarse"] if method in coarse.get(c, {})
+                      else runs[c, method]["ari"]) >= GOOD_ARI for c in cells)
         print(f"| {method} | {len(cells)} | {found} | {needed} |")
 
 

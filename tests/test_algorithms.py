@@ -199,3 +199,16 @@ def test_assign_refuses_a_method_without_a_shared_model(tmp_path: Path) -> None:
     run_experiment(validate(small_config(algorithm={"name": "local"})), out, quiet=True)
     with pytest.raises(FedflockError, match="no shared model"):
         assign_new_clients(out, clients=2, seed=1)
+
+
+def test_assign_fine_tunes_a_new_client_where_the_method_does(tmp_path: Path) -> None:
+    """fedavg_ft's clients end by fine-tuning the global model; a new client does too before it
+    is scored (same global model as fedavg, so the scores differ by the fine-tuning alone)."""
+    for name in ("fedavg", "fedavg_ft"):
+        run_experiment(validate(small_config(algorithm={"name": name})), tmp_path / name,
+                       quiet=True)
+    plain = assign_new_clients(tmp_path / "fedavg", clients=4, seed=7)
+    tuned = assign_new_clients(tmp_path / "fedavg_ft", clients=4, seed=7)
+    assert (plain["finetune_epochs"], tuned["finetune_epochs"]) == (0, 3)
+    assert tuned["metric"] == "accuracy"
+    assert [r["accuracy"] for r in tuned["clients"]] != [r["accuracy"] for r in plain["clients"]]

@@ -71,3 +71,21 @@ def test_the_cli_loads_a_plugin_for_list_and_run(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["algorithm"] == "example_fedprox"
     assert torch.tensor(summary["accuracy"]["per_client"]).numel() == 6
+
+
+def test_a_plugin_imported_by_name_is_found_by_other_processes(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """A module found on a path added here (the current folder, say) is not on a Flower
+    process's path: its folder is what those processes need, for a package's module too."""
+    from fedflock import plugins
+
+    monkeypatch.setattr(plugins, "_named", [])  # loaded for this test only
+    monkeypatch.setattr(plugins, "_loaded", {})
+    package = tmp_path / "lab" / "team_plugins"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "noop_method.py").write_text("MARK = 1\n")
+    (tmp_path / "lab" / "single_plugin.py").write_text("MARK = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lab"))
+    load_plugins(["team_plugins.noop_method", "single_plugin"])
+    assert plugins.plugin_search_path() == [str((tmp_path / "lab").resolve())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedflock.experiment import run_experiment
+from fedflock.validation import validate
 from tests.conftest import one_error_line, small_config
 
 
@@ -71,6 +74,9 @@ BAD_CONFIGS = {
                       "local_epochs"),
     "attack after the last round": (
         {"rounds": 5, "attack": {"kind": "zero", "fraction": 0.2, "start_round": 6}},
+        "attack.start_round"),
+    "start round of a data attack": (
+        {"rounds": 5, "attack": {"kind": "label_flip", "fraction": 0.2, "start_round": 3}},
         "attack.start_round"),
 }
 
@@ -182,3 +188,19 @@ def test_list_params_prints_types_defaults_and_descriptions() -> None:
     assert "one of auto|eps" in result.stdout
     unknown = fedflock("list", "--params", "nope")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+
+
+def test_assign_prints_where_each_new_client_went(tmp_path: Path, capsys, monkeypatch) -> None:
+    from fedflock.cli import main
+
+    run_experiment(validate(small_config(algorithm={"name": "fedavg_ft"})), tmp_path / "r",
+                   quiet=True)
+    monkeypatch.setattr(sys, "argv", ["fedflock", "assign", str(tmp_path / "r"),
+                                      "--clients", "3"])
+    main()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4
+    assert all(re.search(r"-> cluster 0 \(serves group \d\), accuracy \d\.\d{3}$", line)
+               for line in out[:3]), out
+    assert out[3].startswith("placed in its own group's cluster:") and "mean accuracy" in out[3]
+    assert json.loads((tmp_path / "r" / "assign.json").read_text())["finetune_epochs"] == 3

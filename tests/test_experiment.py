@@ -109,8 +109,13 @@ def test_config_yaml_spells_out_every_algorithm_parameter(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_a_resolved_config_validates_back_to_itself(name: str) -> None:
+    """The written config.yaml, read back as it stands, is the run's settings: every parameter
+    is there (none filled in again by a default on reading) and each keeps its value."""
     config = resolved(validate(small_config(algorithm={"name": name})))
-    assert resolved(validate(yaml.safe_load(dump_config(config)))) == config
+    written = yaml.safe_load(dump_config(config))
+    params = ALGORITHMS.get(name).Params.model_fields
+    assert set(written["algorithm"]) == {"name", *params}
+    assert validate(written) == config
 
 
 def test_resume_compares_settings_not_the_written_form(tmp_path: Path) -> None:
@@ -125,7 +130,8 @@ def test_resume_compares_settings_not_the_written_form(tmp_path: Path) -> None:
     changed = {**raw, "algorithm": {**CFL, "f_threshold": 2.0}}
     with pytest.raises(FedflockError, match="config differs"):
         run_experiment(validate(changed), tmp_path / "run", resume=True, quiet=True)
-    resumed = run_experiment(validate(raw), tmp_path / "run", resume=True, quiet=True)
+    with pytest.warns(UserWarning, match="today's defaults"):
+        resumed = run_experiment(validate(raw), tmp_path / "run", resume=True, quiet=True)
     assert resumed["rounds"] == 4
 
 
@@ -185,3 +191,21 @@ def test_an_unanswered_last_evaluation_is_marked_not_passed_off_as_final(tmp_pat
     assert last["round"] == 3 and last["evaluated_round"] == 2
     whole = run_experiment(config, tmp_path / "whole", quiet=True)
     assert "evaluated_round" not in whole
+
+
+def test_a_run_nobody_evaluated_ends_in_one_error_with_its_records_kept(tmp_path: Path) -> None:
+    """No figures at all (every evaluation unanswered) is an error, not a summary of nothing;
+    the rounds' records stay on disk."""
+    from fedflock.engines.embedded import EmbeddedEngine
+    from fedflock.experiment import Run
+
+    class NeverEvaluated(EmbeddedEngine):
+        def evaluate(self, algorithm, rnd=0):
+            return {}
+
+    config = validate(small_config(rounds=2))
+    with pytest.raises(FedflockError, match="no client answered an evaluation in 2 rounds"):
+        Run(config, tmp_path / "run", quiet=True).execute(
+            engine=NeverEvaluated.from_config(config))
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert not (tmp_path / "run" / "summary.json").exists()

@@ -27,6 +27,7 @@ from fedflock.report import make_report
 from fedflock.report.document import decided_by
 from fedflock.report.load import load_compare
 from fedflock.report.plots import (
+    accuracy_series,
     fmt_number,
     leaf_purity,
     plot_compare_accuracy,
@@ -289,3 +290,13 @@ def test_attack_runs_colour_clients_by_malice() -> None:
     (None, "–"), (float("nan"), "–")])
 def test_table_numbers_stay_short_when_a_model_diverges(value: float | None, cell: str) -> None:
     assert fmt_number(value) == cell
+
+
+def test_a_round_that_repeats_earlier_figures_is_not_plotted_as_its_own() -> None:
+    from fedflock.report.load import RunData
+
+    run = RunData(Path("run"), metrics=[
+        {"round": 1, "accuracy_mean": 0.5}, {"round": 2},
+        {"round": 3, "accuracy_mean": 0.5, "evaluated_round": 1},
+        {"round": 4, "accuracy_mean": 0.75}])
+    assert accuracy_series(run) == {1: 50.0, 4: 75.0}

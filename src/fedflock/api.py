@@ -6,7 +6,9 @@
     result.summary["accuracy"]["mean"], result.metrics[-1]
 
 Components defined in your own module register themselves on import (see
-`fedflock.plugins`); pass `plugins=["my_module"]` or import the module yourself first.
+`fedflock.plugins`); pass `plugins=["my_module"]` (or a `.py` path). Importing the module
+yourself registers it in this process only: with `engine: flower` the ServerApp and ClientApps
+load what `plugins=` or `FEDFLOCK_PLUGINS` names, from the folder it was imported from here.
 """
 
 from __future__ import annotations

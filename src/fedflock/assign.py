@@ -1,7 +1,8 @@
 """Place new clients into a trained run: through CFL's parameter tree (Algorithm 4 of the
 paper), or, for a method without one, into the cluster model that scores best on the client's
 own training data, as that method places clients itself (incremental clustering's newcomers:
-the most accurate; IFCA: its criterion, the lowest loss)."""
+the most accurate; IFCA: its criterion, the lowest loss). A method whose clients fine-tune the
+final model (fedavg_ft) has each new client fine-tune the model it joins before it is scored."""
 
 from __future__ import annotations
 
@@ -67,6 +68,15 @@ def _placement(config: ExperimentConfig, state: dict[str, Any]
     return _score_placer(ids, torch.stack([models[i] for i in ids]), criterion), models, members
 
 
+def _model_for(client: int, model: torch.Tensor, epochs: int | None,
+               runtime: ClientRuntime) -> torch.Tensor:
+    """The joined model, fine-tuned on the client's own data first where the method's own
+    clients end that way."""
+    if not epochs:
+        return model
+    return model + Train(client, 0, model, epochs=epochs).run(runtime).update.to(model.dtype)
+
+
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
     """Draw `clients` new clients of the run's scenario (same groups, fresh samples), place
     each and evaluate it on the model of the cluster it joins."""
@@ -85,6 +95,8 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
     fresh = build_federated_data(data_cfg, seed, shift_seed=config.seed)
     runtime = ClientRuntime(fresh, config.model, config.training, config.seed, config.privacy)
     metric = runtime.objective.primary
+    epochs = ALGORITHMS.get(config.algorithm.name).newcomer_finetune(
+        validate_params(config.algorithm))
 
     # Which true group each cluster serves (majority of its training clients), to score the
     # placement; a cluster without members serves none.
@@ -93,11 +105,13 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
     rows = []
     for client in range(clients):
         cluster, path = place(client, runtime)
-        score = Evaluate(client, 0, models[cluster]).run(runtime).metrics[metric]
+        model = _model_for(client, models[cluster], epochs, runtime)
+        score = Evaluate(client, 0, model).run(runtime).metrics[metric]
         row = {"client": client, "true_group": int(fresh.groups[client]), "cluster": cluster,
                "cluster_group": serves[cluster], metric: round(score, 4)}
         rows.append(row | ({"path": path} if path is not None else {}))
     correct = [r["true_group"] == r["cluster_group"] for r in rows]
-    return {"run": str(run_dir), "algorithm": config.algorithm.name, "clients": rows,
+    return {"run": str(run_dir), "algorithm": config.algorithm.name, "metric": metric,
+            "finetune_epochs": epochs or 0, "clients": rows,
             "routed_correctly": float(np.mean(correct)),
             f"{metric}_mean": float(np.mean([r[metric] for r in rows]))}

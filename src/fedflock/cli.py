@@ -116,11 +116,11 @@ def assign(run_dir: Path,
     from fedflock.assign import assign_new_clients
 
     result = assign_new_clients(run_dir, clients, seed)
-    metric = next(k.removesuffix("_mean") for k in result if k.endswith("_mean"))
+    metric = result["metric"]
     for row in result["clients"]:
+        serves = "no group" if row["cluster_group"] is None else f"group {row['cluster_group']}"
         typer.echo(f"client {row['client']:3d} (group {row['true_group']}) -> cluster "
-                   f"{row['cluster']} (serves group {row['cluster_group']}), "
-                   f"{metric} {row[metric]:.3f}")
+                   f"{row['cluster']} (serves {serves}), {metric} {row[metric]:.3f}")
     typer.echo(f"placed in its own group's cluster: {result['routed_correctly']:.0%}, "
                f"mean {metric} {result[metric + '_mean']:.4f}")
     write_json(run_dir / "assign.json", result)

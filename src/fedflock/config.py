@@ -6,11 +6,20 @@ Every user error becomes one `ConfigError` line naming the key and what was expe
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fedflock.errors import ConfigError
 
@@ -156,6 +165,15 @@ class AttackConfig(_Strict):
         default_factory=lambda: {0: 4, 1: 5, 2: 6, 3: 7, 4: 0, 5: 1, 6: 2, 7: 3})
     start_round: int = Field(1, ge=1)
 
+    @field_validator("start_round")
+    @classmethod
+    def _start_round_poisons_models(cls, start_round: int, info: ValidationInfo) -> int:
+        kind = info.data.get("kind")
+        if start_round != 1 and kind is not None and kind not in MODEL_POISONING:
+            raise ValueError(f"{kind} poisons the data from the first round; start_round "
+                             "applies to model poisoning")
+        return start_round
+
     @property
     def poisons_data(self) -> bool:
         return self.kind in DATA_POISONING
@@ -236,8 +254,9 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _attack_within_the_run(self) -> ExperimentConfig:
-        if self.attack is not None and self.attack.start_round > self.rounds:
-            raise ValueError(f"attack.start_round: round {self.attack.start_round} is after the "
+        attack = self.attack
+        if attack is not None and attack.poisons_model and attack.start_round > self.rounds:
+            raise ValueError(f"attack.start_round: round {attack.start_round} is after the "
                              f"last round ({self.rounds}), so the attack would never happen")
         return self
 
@@ -250,6 +269,9 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     got = first.get("input")
+    key = re.match(r"([A-Za-z_]\w*(?:\.\w+)*): ", msg)
+    if key and isinstance(got, dict):  # a section's own check names the key it is about
+        loc, msg = ".".join(filter(None, [loc, key.group(1)])), msg[key.end():]
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     more = len(err.errors()) - 1
     suffix = f" [+{more} more]" if more else ""

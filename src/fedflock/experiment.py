@@ -121,8 +121,12 @@ class Run:
             finished = engine.finish(algorithm, cfg.rounds, list(range(engine.num_clients)))
             if finished or not evaluation:  # the last round's evaluation is still current
                 fresh = engine.evaluate(algorithm, cfg.rounds)
-                if fresh or not evaluation:
+                if fresh:
                     evaluation, self.evaluated_round = fresh, cfg.rounds
+            if not evaluation:
+                raise FedflockError(
+                    f"no client answered an evaluation in {cfg.rounds} rounds: nothing to "
+                    f"summarise (metrics.jsonl and the checkpoint in {self.dir.path} are kept)")
             attack = attack_summary(cfg, algorithm, engine, evaluation, objective, malicious)
         finally:
             engine.close()

@@ -67,3 +67,19 @@ def named_plugins() -> list[str]:
     processes started elsewhere, such as Flower's ServerApp and ClientApps, must load too
     (entry points they find themselves)."""
     return list(_named)
+
+
+def plugin_search_path() -> list[str]:
+    """The folders the plugins loaded by name were imported from (the current folder, a path
+    added at run time): what another process's PYTHONPATH needs so the names import there too."""
+    roots: list[str] = []
+    for key in _named:
+        file = getattr(_loaded[key], "__file__", None)
+        if key.endswith(".py") or file is None:
+            continue
+        root = Path(file).resolve().parent
+        for _ in range(key.count(".") + (Path(file).name == "__init__.py")):
+            root = root.parent
+        if str(root) not in roots:
+            roots.append(str(root))
+    return roots

@@ -63,11 +63,15 @@ def _same_config(stored: str, config_text: str) -> bool:
     if ours == theirs:
         return True
     try:
-        return isinstance(ours, dict) and isinstance(theirs, dict) and \
+        same = isinstance(ours, dict) and isinstance(theirs, dict) and \
             resolved(validate(ours)).model_dump(mode="json") == \
             resolved(validate(theirs)).model_dump(mode="json")
     except FedflockError:
         return False
+    if same and set(ours.get("algorithm") or {}) != set(theirs.get("algorithm") or {}):
+        warnings.warn("config.yaml predates spelled-out algorithm parameters: those it does not "
+                      "name are assumed to have today's defaults", stacklevel=3)
+    return same
 
 
 class RunDirectory:

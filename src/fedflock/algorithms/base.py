@@ -144,6 +144,12 @@ class Algorithm(ABC):
         task's criterion): the most accurate model, as incremental clustering's newcomers."""
         return "accuracy"
 
+    @classmethod
+    def newcomer_finetune(cls, params: BaseModel) -> int | None:
+        """Local epochs a new client trains the model it joined before using it, as the method's
+        own clients do at the end of a run (fine-tuning); None: it uses the model as it is."""
+        return None
+
     @abstractmethod
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
         """Tasks for the clients sampled in round `rnd`."""

@@ -29,6 +29,10 @@ class FedAvgFineTune(ClusteredAlgorithm):
         self.personal: dict[int, torch.Tensor] = {}
         self.finetuned = False
 
+    @classmethod
+    def newcomer_finetune(cls, params: FineTuneParams) -> int:
+        return params.finetune_epochs
+
     def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
         if self.finetuned:
             return []

@@ -83,10 +83,11 @@ def _integer_rounds(ax: Axes) -> None:
 
 # -- accuracy ------------------------------------------------------------------------------
 def accuracy_series(run: RunData, key: str = "accuracy_mean") -> dict[int, float]:
-    """Round -> accuracy in %, skipping rounds that were not evaluated or lack the field."""
+    """Round -> accuracy in %, skipping rounds that were not evaluated, lack the field or
+    repeat an earlier round's figures (`evaluated_round`: nobody answered that round)."""
     out = {}
     for rec in run.metrics:
-        value = finite(rec.get(key))
+        value = None if "evaluated_round" in rec else finite(rec.get(key))
         if value is not None:
             out[int(rec["round"])] = 100.0 * value
     return out

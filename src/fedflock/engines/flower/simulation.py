@@ -1,4 +1,5 @@
-"""`fedflock run` with `engine: flower`: the experiment through Flower's simulation runtime.
+"""`engine: flower` in a config (`fedflock run`, `fedflock compare`, `fedflock.api`): the
+experiment through Flower's simulation runtime.
 
 It runs fedflock's Flower App (`fedflock.engines.flower.APP`, shipped inside the package) with
 `flwr run` on a throw-away local federation (`address = ":local:"`, one simulated SuperNode per
@@ -10,6 +11,7 @@ are ended when the run is over, fails or is interrupted. The run directory is th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -20,35 +22,30 @@ from fedflock.config import ExperimentConfig, dump_config
 from fedflock.engines.flower.local import APP, flower_env
 from fedflock.engines.flower.processes import OwnedProcesses
 from fedflock.errors import FedflockError
+from fedflock.plugins import plugin_search_path
 
 
 def simulate(config: ExperimentConfig, out: Path, resume: bool = False,
-             plugins: Iterable[str] = ()) -> dict[str, Any]:
-    """A checked config through Flower's simulation runtime: its YAML goes to a temporary
-    file the Flower processes read (relative paths in it mean what they mean here)."""
-    with tempfile.TemporaryDirectory(prefix="fedflock-config-") as folder:
-        path = Path(folder) / "config.yaml"
-        path.write_text(dump_config(config))
-        return run_simulation(path, [], out, config.data.clients, resume=resume,
-                              plugins=plugins)
-
-
-def run_simulation(config_path: Path, overrides: list[str], out: Path, clients: int,
-                   resume: bool = False, timeout: float = 3600.0,
-                   plugins: Iterable[str] = ()) -> dict[str, Any]:
-    """`plugins`: modules registering user components (`--plugin`), loaded by Flower's
-    ServerApp and every ClientApp too; a `.py` file by its absolute path, as they run
-    elsewhere."""
+             plugins: Iterable[str] = (), timeout: float | None = None) -> dict[str, Any]:
+    """A checked config through Flower's simulation runtime. Its YAML goes to a temporary file
+    the Flower processes read (relative paths in it mean what they mean here). `plugins`:
+    modules registering user components (`--plugin`), loaded by Flower's ServerApp and every
+    ClientApp too; a `.py` file by its absolute path, as they run elsewhere. `timeout`: seconds
+    before the run is ended (none by default: a long experiment is not an error)."""
     out = Path(out).resolve()
     modules = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins]
     with tempfile.TemporaryDirectory(prefix="fedflock-flwr-") as home:
+        path = Path(home) / "experiment.yaml"
+        path.write_text(dump_config(config))
         (Path(home) / "config.toml").write_text(
             '[superlink]\ndefault = "simulation"\n\n[superlink.simulation]\n'
-            f'address = ":local:"\noptions.num-supernodes = {clients}\n'
+            f'address = ":local:"\noptions.num-supernodes = {config.data.clients}\n'
             "options.backend.client-resources.num-cpus = 1\n")
         env = flower_env(Path(home)) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-        run_config = (f'config="{Path(config_path).resolve()}" out="{out}" '
-                      f'set="{";".join(overrides)}" resume={str(resume).lower()} '
+        search = [*plugin_search_path(), *filter(None, [env.get("PYTHONPATH")])]
+        if search:
+            env["PYTHONPATH"] = os.pathsep.join(search)
+        run_config = (f'config="{path}" out="{out}" resume={str(resume).lower()} '
                       f'plugins="{";".join(modules)}"')
         log = out.parent / f"{out.name}.flower.log"
         log.parent.mkdir(parents=True, exist_ok=True)
