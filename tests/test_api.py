@@ -3,6 +3,7 @@ file (examples/custom_algorithm.py) picked up by the API and by the CLI."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -89,3 +90,12 @@ def test_a_plugin_imported_by_name_is_found_by_other_processes(tmp_path: Path,
     monkeypatch.syspath_prepend(str(tmp_path / "lab"))
     load_plugins(["team_plugins.noop_method", "single_plugin"])
     assert plugins.plugin_search_path() == [str((tmp_path / "lab").resolve())]
+
+
+def test_overrides_leave_the_callers_mapping_alone() -> None:
+    from fedflock.api import as_config
+
+    raw = small_config()
+    before = copy.deepcopy(raw)
+    assert as_config(raw, overrides=["data.clients=4"]).data.clients == 4
+    assert raw == before

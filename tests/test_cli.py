@@ -204,3 +204,14 @@ def test_assign_prints_where_each_new_client_went(tmp_path: Path, capsys, monkey
                for line in out[:3]), out
     assert out[3].startswith("placed in its own group's cluster:") and "mean accuracy" in out[3]
     assert json.loads((tmp_path / "r" / "assign.json").read_text())["finetune_epochs"] == 3
+
+
+def test_an_interrupted_command_exits_130_not_0(monkeypatch, capsys) -> None:
+    """click returns 130 on Ctrl-C in non-standalone mode instead of raising; `main` must pass
+    it on, so `fedflock run ... && next` stops."""
+    import fedflock.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "app", lambda standalone_mode: 130)
+    with pytest.raises(SystemExit) as done:
+        cli_module.main()
+    assert done.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"

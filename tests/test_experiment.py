@@ -93,7 +93,8 @@ def test_a_finished_run_directory_is_never_overwritten(tmp_path: Path) -> None:
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     out = tmp_path / "run"
     run_experiment(validate(small_config()), out, quiet=True)
-    with pytest.raises(FedflockError, match="config differs"):
+    with pytest.raises(FedflockError, match=r"config differs .*\(training\.lr: [\d.]+ there, "
+                                            r"0\.05 here\); resume with the same config"):
         run_experiment(validate(small_config(**{"training.lr": 0.05})), out, resume=True)
 
 
@@ -209,3 +210,25 @@ def test_a_run_nobody_evaluated_ends_in_one_error_with_its_records_kept(tmp_path
             engine=NeverEvaluated.from_config(config))
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_figures_from_before_the_final_tasks_are_marked(tmp_path: Path) -> None:
+    """fedavg_ft's clients fine-tune after the last round; if nobody answers the evaluation
+    after that, summary.json says its figures predate the fine-tuning."""
+    from fedflock.engines.embedded import EmbeddedEngine
+    from fedflock.experiment import Run
+
+    class SilentAfterFinish(EmbeddedEngine):
+        def finish(self, algorithm, rnd, clients):
+            self.finished = True
+            return super().finish(algorithm, rnd, clients)
+
+        def evaluate(self, algorithm, rnd=0):
+            return {} if getattr(self, "finished", False) else super().evaluate(algorithm, rnd)
+
+    config = validate(small_config(rounds=2, algorithm={"name": "fedavg_ft"}))
+    summary = Run(config, tmp_path / "run", quiet=True).execute(
+        engine=SilentAfterFinish.from_config(config))
+    assert summary["evaluated_before_final_tasks"] is True
+    assert "evaluated_before_final_tasks" not in run_experiment(config, tmp_path / "whole",
+                                                                quiet=True)

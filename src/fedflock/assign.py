@@ -74,15 +74,19 @@ def _model_for(client: int, model: torch.Tensor, epochs: int | None,
     clients end that way."""
     if not epochs:
         return model
-    return model + Train(client, 0, model, epochs=epochs).run(runtime).update.to(model.dtype)
+    task = Train(client, 0, model, epochs=epochs)
+    tuned = model + task.run(runtime).update.to(model.dtype)
+    return tuned if bool(torch.isfinite(tuned).all()) else model  # as the run keeps it
 
 
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
     """Draw `clients` new clients of the run's scenario (same groups, fresh samples), place
     each and evaluate it on the model of the cluster it joins."""
     run = RunDirectory(run_dir)
-    if not run.config_path.is_file() or not run.checkpoint_path.is_file():
-        raise FedflockError(f"{run_dir} is not a finished run (config.yaml and checkpoints/)")
+    if not run.config_path.is_file() or not run.checkpoint_path.is_file() or \
+            not (run.path / "summary.json").is_file():
+        raise FedflockError(f"{run_dir} is not a finished run (config.yaml, checkpoints/ and "
+                            "summary.json)")
     config = validate(load_raw(run.config_path))
     state = run.read_checkpoint(config.algorithm.name)["algorithm"]
     try:

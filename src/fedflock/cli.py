@@ -237,7 +237,7 @@ def main() -> None:
 
     warnings.formatwarning = _one_line_warning
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except FedflockError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(err.exit_code)
@@ -253,6 +253,10 @@ def main() -> None:
         if isinstance(err, click.exceptions.Abort):
             sys.exit(130)
         raise
+    if isinstance(code, int) and code:  # click returns 130 on Ctrl-C instead of raising
+        if code == 130:
+            typer.echo("error: interrupted", err=True)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

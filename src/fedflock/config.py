@@ -5,6 +5,7 @@ Every user error becomes one `ConfigError` line naming the key and what was expe
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from pathlib import Path
@@ -270,7 +271,8 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         msg = "unknown key"
     got = first.get("input")
     key = re.match(r"([A-Za-z_]\w*(?:\.\w+)*): ", msg)
-    if key and isinstance(got, dict):  # a section's own check names the key it is about
+    # a section's own check names the key it is about
+    if key and isinstance(got, dict) and key.group(1).split(".")[0] in got:
         loc, msg = ".".join(filter(None, [loc, key.group(1)])), msg[key.end():]
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     more = len(err.errors()) - 1
@@ -287,7 +289,9 @@ def parse_value(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `key.path=value` overrides to a raw config mapping."""
+    """A copy of a raw config mapping with `key.path=value` overrides applied (the caller's
+    mapping is left as it was)."""
+    raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key.path=value")
@@ -306,6 +310,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def load_raw(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -77,7 +77,7 @@ def plugin_search_path() -> list[str]:
         file = getattr(_loaded[key], "__file__", None)
         if key.endswith(".py") or file is None:
             continue
-        root = Path(file).resolve().parent
+        root = Path(os.path.abspath(file)).parent  # as imported: a symlink's name, not its target
         for _ in range(key.count(".") + (Path(file).name == "__init__.py")):
             root = root.parent
         if str(root) not in roots:

@@ -53,6 +53,13 @@ def _unsafe_reason(err: Exception) -> str:
     return f"it holds an object other than tensors and plain values{what}, refused unread"
 
 
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for key, sub in value.items()
+            for k, v in _flat(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
+
+
 def _same_config(stored: str, config_text: str) -> bool:
     """The same settings (key order and formatting aside). A config.yaml written before it
     spelled out every algorithm parameter is compared with its defaults filled in."""
@@ -68,10 +75,25 @@ def _same_config(stored: str, config_text: str) -> bool:
             resolved(validate(theirs)).model_dump(mode="json")
     except FedflockError:
         return False
-    if same and set(ours.get("algorithm") or {}) != set(theirs.get("algorithm") or {}):
-        warnings.warn("config.yaml predates spelled-out algorithm parameters: those it does not "
-                      "name are assumed to have today's defaults", stacklevel=3)
+    missing = sorted(set(_flat(theirs)) - set(_flat(ours))) if same else []
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                          else "")
+        warnings.warn(f"config.yaml does not name {shown}: resuming with today's defaults for "
+                      "them", stacklevel=3)
     return same
+
+
+def _first_difference(stored: str, config_text: str) -> str:
+    """The first setting that differs, as `key: stored -> given`, for the refusal's line."""
+    try:
+        ours, theirs = (_flat(resolved(validate(yaml.safe_load(t))).model_dump(mode="json"))
+                        for t in (stored, config_text))
+    except (FedflockError, yaml.YAMLError, TypeError):
+        return "the stored config does not validate"
+    key = next((k for k in sorted(ours.keys() | theirs.keys()) if ours.get(k) != theirs.get(k)),
+               None)
+    return "?" if key is None else f"{key}: {ours.get(key)!r} there, {theirs.get(key)!r} here"
 
 
 class RunDirectory:
@@ -137,8 +159,11 @@ class RunDirectory:
         if resume:
             if not self.config_path.is_file():
                 raise FedflockError(f"--resume: {self.path} holds no run (no config.yaml)")
-            if not _same_config(self.config_path.read_text(errors="replace"), config_text):
-                raise FedflockError(f"--resume: config differs from {self.config_path}")
+            stored = self.config_path.read_text(errors="replace")
+            if not _same_config(stored, config_text):
+                raise FedflockError(f"--resume: config differs from {self.config_path} "
+                                    f"({_first_difference(stored, config_text)}); resume with "
+                                    "the same config and --set options")
             if has_checkpoint:
                 return True
             warnings.warn(f"--resume: {self.path} has no checkpoint yet; starting from round 1",

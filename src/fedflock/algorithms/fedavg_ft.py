@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from fedflock.algorithms.base import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
@@ -30,7 +30,8 @@ class FedAvgFineTune(ClusteredAlgorithm):
         self.finetuned = False
 
     @classmethod
-    def newcomer_finetune(cls, params: FineTuneParams) -> int:
+    def newcomer_finetune(cls, params: BaseModel) -> int:
+        assert isinstance(params, FineTuneParams)
         return params.finetune_epochs
 
     def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedflock.config import ExperimentConfig, dump_config
-from fedflock.engines.flower.local import APP, flower_env
+from fedflock.engines.flower.local import APP, flower_env, free_port
 from fedflock.engines.flower.processes import OwnedProcesses
 from fedflock.errors import FedflockError
 from fedflock.plugins import plugin_search_path
@@ -41,8 +41,12 @@ def simulate(config: ExperimentConfig, out: Path, resume: bool = False,
             '[superlink]\ndefault = "simulation"\n\n[superlink.simulation]\n'
             f'address = ":local:"\noptions.num-supernodes = {config.data.clients}\n'
             "options.backend.client-resources.num-cpus = 1\n")
-        env = flower_env(Path(home)) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-        search = [*plugin_search_path(), *filter(None, [env.get("PYTHONPATH")])]
+        # a local SuperLink of its own on free ports: on Flower's fixed defaults `flwr run`
+        # would attach to another run's SuperLink, started with that run's environment
+        env = flower_env(Path(home)) | {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                                        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+                                        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        search = [*filter(None, [env.get("PYTHONPATH")]), *plugin_search_path()]
         if search:
             env["PYTHONPATH"] = os.pathsep.join(search)
         run_config = (f'config="{path}" out="{out}" resume={str(resume).lower()} '
