@@ -49,10 +49,11 @@ def same_round_cosines(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Mean cosine of each pair over the rounds both replied in, and how many there were."""
     total, count = np.zeros((n, n)), np.zeros((n, n))
     for replies in ROUNDS.values():
-        for (i, u), (j, v) in itertools.combinations(replies, 2):
-            total[i, j] += u @ v
-            count[i, j] += 1
-    total, count = total + total.T, count + count.T
+        ids = np.array([client for client, _ in replies])
+        units = np.stack([update for _, update in replies])
+        total[np.ix_(ids, ids)] += units @ units.T
+        count[np.ix_(ids, ids)] += 1
+    np.fill_diagonal(count, 0)
     return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
 
 

@@ -77,7 +77,8 @@ def test_the_cli_loads_a_plugin_for_list_and_run(tmp_path: Path) -> None:
 def test_a_plugin_imported_by_name_is_found_by_other_processes(tmp_path: Path,
                                                                  monkeypatch) -> None:
     """A module found on a path added here (the current folder, say) is not on a Flower
-    process's path: its folder is what those processes need, for a package's module too."""
+    process's path: its folder is what those processes need, for a package's module too, and for
+a symlink the folder of its name (its target's folder does not hold that name)."""
     from fedflock import plugins
 
     monkeypatch.setattr(plugins, "_named", [])  # loaded for this test only
@@ -87,8 +88,11 @@ def test_a_plugin_imported_by_name_is_found_by_other_processes(tmp_path: Path,
     (package / "__init__.py").write_text("")
     (package / "noop_method.py").write_text("MARK = 1\n")
     (tmp_path / "lab" / "single_plugin.py").write_text("MARK = 2\n")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "kept_elsewhere.py").write_text("MARK = 3\n")
+    (tmp_path / "lab" / "linked_plugin.py").symlink_to(tmp_path / "store" / "kept_elsewhere.py")
     monkeypatch.syspath_prepend(str(tmp_path / "lab"))
-    load_plugins(["team_plugins.noop_method", "single_plugin"])
+    load_plugins(["team_plugins.noop_method", "single_plugin", "linked_plugin"])
     assert plugins.plugin_search_path() == [str((tmp_path / "lab").resolve())]
 
 

@@ -69,7 +69,7 @@ BAD_CONFIGS = {
                               "data.samples_per_client"),
     "options of a built-in scenario": ({"data": {"scenario": {"kind": "rotation",
                                                               "options": {"angle": 30}}}},
-                                       "scenario.options"),
+                                       "config: data.scenario.options:"),
     "no local work": ({"training": {"local_epochs": None, "local_steps": None}},
                       "local_epochs"),
     "attack after the last round": (

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedflock.algorithms import ALGORITHMS, validate_params
-from fedflock.algorithms.base import Decision
+from fedflock.algorithms.base import Decision, finite_sum
 from fedflock.algorithms.clustered import merged_into
 from fedflock.client.runtime import ClientRuntime
 from fedflock.client.tasks import Evaluate, Select, Train
@@ -74,9 +74,8 @@ def _model_for(client: int, model: torch.Tensor, epochs: int | None,
     clients end that way."""
     if not epochs:
         return model
-    task = Train(client, 0, model, epochs=epochs)
-    tuned = model + task.run(runtime).update.to(model.dtype)
-    return tuned if bool(torch.isfinite(tuned).all()) else model  # as the run keeps it
+    tuned = finite_sum(model, Train(client, 0, model, epochs=epochs).run(runtime).update)
+    return model if tuned is None else tuned  # a diverged fine-tuning is dropped, as in the run
 
 
 def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:

@@ -71,7 +71,6 @@ class Run:
         self.dir = RunDirectory(self.out)
         self.quiet = quiet
         self.evaluated_round: int | None = None  # the round the latest evaluation comes from
-        self.before_final_tasks = False  # nobody answered the evaluation after the final tasks
 
     def execute(self, resume: bool = False, engine: Engine | None = None) -> dict[str, Any]:
         """Run (or continue) the experiment; `engine` defaults to the embedded one."""
@@ -99,6 +98,7 @@ class Run:
         evaluation: Evaluation = {}
         t_start = time.perf_counter() - elapsed
         round_seconds = train_seconds = 0.0  # rounds run by this process (not before a resume)
+        before_final_tasks = False  # nobody answered the evaluation after the final tasks
         try:
             with self._progress() as progress:
                 task = progress.add_task(cfg.algorithm.name, total=cfg.rounds,
@@ -125,7 +125,7 @@ class Run:
                 if fresh:
                     evaluation, self.evaluated_round = fresh, cfg.rounds
                 elif finished:  # the figures predate the final tasks (e.g. fine-tuning)
-                    self.before_final_tasks = True
+                    before_final_tasks = True
             if not evaluation:
                 raise FedflockError(
                     f"no client answered an evaluation in {cfg.rounds} rounds: nothing to "
@@ -137,7 +137,7 @@ class Run:
         summary = summarise_run(cfg, algorithm, engine, evaluation, objective, wall)
         if self.evaluated_round not in (None, cfg.rounds):  # the last evaluation went unanswered
             summary["evaluated_round"] = self.evaluated_round
-        if self.before_final_tasks:
+        if before_final_tasks:
             summary["evaluated_before_final_tasks"] = True
         if attack is not None:
             summary["attack"] = attack

@@ -60,40 +60,33 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
             for k, v in _flat(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
 
 
-def _same_config(stored: str, config_text: str) -> bool:
-    """The same settings (key order and formatting aside). A config.yaml written before it
-    spelled out every algorithm parameter is compared with its defaults filled in."""
+def _config_difference(stored: str, config_text: str) -> str | None:
+    """None when the stored config.yaml holds the settings of the given one (key order and
+    formatting aside; one written before every parameter was spelled out is read with today's
+    defaults, with a warning naming them); else the first setting that differs, for the
+    refusal's line."""
+    given = yaml.safe_load(config_text)
     try:
-        ours, theirs = yaml.safe_load(stored), yaml.safe_load(config_text)
-    except yaml.YAMLError:
-        return False
-    if ours == theirs:
-        return True
-    try:
-        same = isinstance(ours, dict) and isinstance(theirs, dict) and \
-            resolved(validate(ours)).model_dump(mode="json") == \
-            resolved(validate(theirs)).model_dump(mode="json")
-    except FedflockError:
-        return False
-    missing = sorted(set(_flat(theirs)) - set(_flat(ours))) if same else []
+        raw = yaml.safe_load(stored)
+        if raw == given:
+            return None
+        if not isinstance(raw, dict):
+            raise TypeError("not a mapping")
+        ours = _flat(resolved(validate(raw)).model_dump(mode="json"))
+    except (FedflockError, yaml.YAMLError, TypeError):
+        return "the stored config does not validate"
+    theirs = _flat(resolved(validate(given)).model_dump(mode="json"))
+    key = next((k for k in sorted(ours.keys() | theirs.keys()) if ours.get(k) != theirs.get(k)),
+               None)
+    if key is not None:
+        return f"{key}: {ours.get(key)!r} there, {theirs.get(key)!r} here"
+    missing = sorted(set(_flat(given)) - set(_flat(raw)))
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
                                           else "")
         warnings.warn(f"config.yaml does not name {shown}: resuming with today's defaults for "
                       "them", stacklevel=3)
-    return same
-
-
-def _first_difference(stored: str, config_text: str) -> str:
-    """The first setting that differs, as `key: stored -> given`, for the refusal's line."""
-    try:
-        ours, theirs = (_flat(resolved(validate(yaml.safe_load(t))).model_dump(mode="json"))
-                        for t in (stored, config_text))
-    except (FedflockError, yaml.YAMLError, TypeError):
-        return "the stored config does not validate"
-    key = next((k for k in sorted(ours.keys() | theirs.keys()) if ours.get(k) != theirs.get(k)),
-               None)
-    return "?" if key is None else f"{key}: {ours.get(key)!r} there, {theirs.get(key)!r} here"
+    return None
 
 
 class RunDirectory:
@@ -159,11 +152,12 @@ class RunDirectory:
         if resume:
             if not self.config_path.is_file():
                 raise FedflockError(f"--resume: {self.path} holds no run (no config.yaml)")
-            stored = self.config_path.read_text(errors="replace")
-            if not _same_config(stored, config_text):
+            difference = _config_difference(self.config_path.read_text(errors="replace"),
+                                            config_text)
+            if difference is not None:
                 raise FedflockError(f"--resume: config differs from {self.config_path} "
-                                    f"({_first_difference(stored, config_text)}); resume with "
-                                    "the same config and --set options")
+                                    f"({difference}); resume with the same config and --set "
+                                    "options")
             if has_checkpoint:
                 return True
             warnings.warn(f"--resume: {self.path} has no checkpoint yet; starting from round 1",

@@ -113,6 +113,12 @@ class Decision:
         return cls(**{**state, "figures": figures, "matrix": matrix})
 
 
+def finite_sum(model: torch.Tensor, update: torch.Tensor) -> torch.Tensor | None:
+    """`model + update` in the model's dtype, or None when that is not finite."""
+    new = model + update.to(model.dtype)
+    return new if bool(torch.isfinite(new).all()) else None
+
+
 class Algorithm(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
@@ -215,8 +221,8 @@ class Algorithm(ABC):
         """`model + update`, or `model` unchanged when that is not finite: an aggregate that
         overflowed never replaces a model (the cause is logged and reported in the round's
         record as `kept_models`)."""
-        new = model + update.to(model.dtype)
-        if bool(torch.isfinite(new).all()):
+        new = finite_sum(model, update)
+        if new is not None:
             return new
         self.kept.append(what)
         log.warning("%s: the aggregate is not finite; the previous model is kept", what)
