@@ -63,6 +63,40 @@ def test_deploy_init_writes_the_files_and_prints_the_commands(
     assert f"flwr supernode register {folder}/node1.pub" in out
     assert f"--auth-supernode-private-key {folder}/node0.key" in out
     assert '"partition-id=1 num-partitions=2"' in out
+    assert "--host 0.0.0.0" not in out  # loopback only: Flower's default bind is enough
+
+
+def test_deploy_init_binds_every_interface_for_nodes_on_other_machines(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's SuperLink listens on 127.0.0.1 by default: nodes dialling --host would find
+    nothing there."""
+    from fedflock.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["fedflock", "deploy", "init", "--nodes", "1", "--out",
+                                      str(tmp_path / "d"), "--host", "192.168.1.10"])
+    main()
+    out = capsys.readouterr().out
+    link = next(line for line in out.splitlines() if line.startswith("flower-superlink"))
+    assert "--host 0.0.0.0 --port 9091" in link
+    assert "--superlink 192.168.1.10:9091" in out
+
+
+def test_deploy_init_keeps_existing_credentials_unless_forced(
+        tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedflock.cli import main
+
+    folder = tmp_path / "d"
+    write_credentials(folder, 3)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    one_error_line(*cli("deploy", "init", "--nodes", "2", "--out", str(folder)),
+                   "already holds credentials (ca.crt, ca.key, server.pem, ...)")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    monkeypatch.setattr(sys, "argv", ["fedflock", "deploy", "init", "--nodes", "2", "--out",
+                                      str(folder), "--force"])
+    main()
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert set(after) == set(before) - {"node2.key", "node2.pub"}  # one deployment's keys
+    assert after["ca.key"] != before["ca.key"] and after["node0.key"] != before["node0.key"]
 
 
 def test_deploy_init_refuses_bad_input_in_one_line(tmp_path: Path, cli) -> None:

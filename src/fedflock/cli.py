@@ -144,13 +144,24 @@ def deploy_init(
         nodes: Annotated[int, typer.Option("--nodes", min=1, help="SuperNodes (one per client)")],
         host: Annotated[list[str] | None, typer.Option(
             "--host", help="address the SuperNodes dial besides 127.0.0.1 (repeatable)")] = None,
-        port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 9091) -> None:
+        port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 9091,
+        force: Annotated[bool, typer.Option(
+            "--force", help="replace the credentials already in --out")] = False) -> None:
     """Write a CA, a SuperLink certificate and one key pair per SuperNode, and print the exact
     commands for a TLS deployment that admits only registered SuperNodes."""
-    from fedflock.engines.flower.credentials import deployment_commands, write_credentials
+    from fedflock.engines.flower.credentials import (
+        deployment_commands,
+        existing_credentials,
+        write_credentials,
+    )
 
     if out.exists() and not out.is_dir():
         raise FedflockError(f"--out {out}: exists and is not a folder")
+    held = existing_credentials(out) if out.is_dir() else []
+    if held and not force:
+        raise FedflockError(f"--out {out}: already holds credentials ({', '.join(held[:3])}"
+                            f"{', ...' if len(held) > 3 else ''}); new ones would lock out every "
+                            "node set up with them (--force replaces them)")
     credentials = write_credentials(out, nodes, host or [])
     typer.echo(f"wrote ca.crt, server.pem, server.key and node0..{nodes - 1}.key/.pub to "
                f"{credentials.folder} (keys readable by you only); ca.key signs certificates "

@@ -78,7 +78,8 @@ def _hosts(hosts: list[str]) -> list[x509.GeneralName]:
 
 def write_credentials(folder: Path, nodes: int, hosts: list[str] | None = None) -> Credentials:
     """A CA, a server certificate for `hosts` (and loopback) signed by it, and `nodes` node key
-    pairs, written to `folder` (created; existing files are replaced)."""
+    pairs, written to `folder` (created; existing files are replaced, and the key pairs of
+    nodes beyond `nodes` removed, so the folder holds one deployment's credentials)."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     # Valid from yesterday: devices without a real-time clock often run behind.
@@ -115,6 +116,10 @@ def write_credentials(folder: Path, nodes: int, hosts: list[str] | None = None) 
     _write_private(credentials.server_key, _pem_key(server_key))
     for node in range(nodes):
         write_node_key(credentials.node_key(node))
+    for stale in folder.glob("node*.*"):
+        index = stale.stem.removeprefix("node")
+        if stale.suffix in (".key", ".pub") and index.isdigit() and int(index) >= nodes:
+            stale.unlink()
     return credentials
 
 
@@ -131,17 +136,32 @@ def write_node_key(path: Path) -> Path:
     return public
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+CREDENTIAL_FILES = ("ca.crt", "ca.key", "server.pem", "server.key")
+
+
+def existing_credentials(folder: Path) -> list[str]:
+    """The files of an earlier `write_credentials` in `folder` (replacing them would lock out
+    every SuperNode registered or provisioned with the old CA and keys)."""
+    folder = Path(folder)
+    names = [*CREDENTIAL_FILES, *(p.name for p in sorted(folder.glob("node*.key")))]
+    return [name for name in names if (folder / name).exists()]
+
+
 def deployment_commands(credentials: Credentials, host: str = "127.0.0.1", port: int = 9091,
                         config: str = "/abs/path/configs/flower_demo.yaml") -> str:
     """The exact commands that start a TLS deployment with node authentication from these
-    credentials: SuperLink, the Flower CLI's connection, registration, SuperNodes, the run."""
+    credentials: SuperLink, the Flower CLI's connection, registration, SuperNodes, the run.
+    The SuperLink listens on 127.0.0.1 unless told otherwise (Flower's default), so for nodes
+    dialling another address it binds every interface (`--host 0.0.0.0`)."""
     c, n = credentials, credentials.nodes
     address = f"{host}:{port}"
+    bind = "" if host in LOOPBACK else " --host 0.0.0.0"
     lines = [
         "# 1. the SuperLink (TLS; only registered SuperNodes are admitted)",
         f"flower-superlink --ssl-ca-certfile {c.ca_certificate} --ssl-certfile "
         f"{c.server_certificate} --ssl-keyfile {c.server_key} --enable-supernode-auth "
-        f"--disable-runtime-dependency-installation --port {port}",
+        f"--disable-runtime-dependency-installation{bind} --port {port}",
         "",
         "# 2. the Flower CLI's connection, in $FLWR_HOME/config.toml (default ~/.flwr/)",
         "#   [superlink.fedflock]",
