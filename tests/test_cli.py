@@ -215,3 +215,19 @@ def test_an_interrupted_command_exits_130_not_0(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as done:
         cli_module.main()
     assert done.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_run_refuses_to_overwrite_the_config_it_runs(tmp_path: Path, cli) -> None:
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    cfg = _write(folder / "config.yaml", small_config())
+    written = cfg.read_text()
+    one_error_line(*cli("run", str(cfg), "--out", str(folder), "-q"),
+                   "its config.yaml is the config being run")
+    assert cfg.read_text() == written and not (folder / "metrics.jsonl").exists()
+    from fedflock import api
+    from fedflock.errors import FedflockError
+
+    with pytest.raises(FedflockError, match="the config being run"):
+        api.run(cfg, folder)
+    assert cfg.read_text() == written

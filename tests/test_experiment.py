@@ -232,3 +232,37 @@ def test_figures_from_before_the_final_tasks_are_marked(tmp_path: Path) -> None:
     assert summary["evaluated_before_final_tasks"] is True
     assert "evaluated_before_final_tasks" not in run_experiment(config, tmp_path / "whole",
                                                                 quiet=True)
+
+
+def test_compare_resume_continues_what_is_there_and_checks_every_folder_first(
+        tmp_path: Path) -> None:
+    from fedflock.compare import compare
+
+    config, out = validate(small_config()), tmp_path / "cmp"
+    compare(config, ["fedavg"], [0, 1], out, quiet=True)
+    done = {s: (out / "fedavg" / f"seed{s}" / "metrics.jsonl").read_text() for s in (0, 1)}
+    (out / "fedavg" / "seed1" / "summary.json").unlink()  # seed 1 was interrupted
+    with pytest.raises(FedflockError, match="already holds a run; use --resume"):
+        compare(config, ["fedavg", "local"], [0, 1], out, quiet=True)
+    assert not (out / "local").exists()  # refused before any run started
+    changed = validate(small_config(rounds=4))
+    with pytest.raises(FedflockError, match="rounds: 3 there, 4 here"):
+        compare(changed, ["local", "fedavg"], [0, 1], out, quiet=True, resume=True)
+    assert not (out / "local").exists()
+    rows = compare(config, ["fedavg", "local"], [0, 1], out, quiet=True, resume=True)
+    assert [r["algorithm"] for r in rows] == ["fedavg", "local"]
+    assert (out / "fedavg" / "seed1" / "summary.json").is_file()
+    assert (out / "local" / "seed1" / "summary.json").is_file()
+    for seed in (0, 1):  # nothing re-run: the logged rounds are the first compare's
+        assert (out / "fedavg" / f"seed{seed}" / "metrics.jsonl").read_text() == done[seed]
+
+
+def test_flower_engine_refuses_a_used_run_directory_before_starting_flower(
+        tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    run_experiment(validate(small_config()), out, quiet=True)
+    started = time.perf_counter()
+    with pytest.raises(FedflockError, match="already holds a run"):
+        run_experiment(validate(small_config(engine="flower")), out, quiet=True)
+    assert time.perf_counter() - started < 5  # Flower's start-up alone takes ~20 s
+    assert not (tmp_path / "r.flower.log").exists()

@@ -23,6 +23,7 @@ from fedflock.config import ExperimentConfig, apply_overrides, load_raw
 from fedflock.experiment import run_experiment
 from fedflock.plugins import load_plugins
 from fedflock.report.load import read_metrics
+from fedflock.rundir import RunDirectory
 from fedflock.validation import validate
 
 
@@ -69,5 +70,7 @@ def run(config: Mapping[str, Any] | ExperimentConfig | str | Path, out: str | Pa
     load_plugins(plugins)
     checked = as_config(config, overrides)
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="fedflock-"))
+    if isinstance(config, str | Path) and not resume:
+        RunDirectory(folder).refuse_overwriting(Path(config))
     summary = run_experiment(checked, folder, resume=resume, quiet=quiet)
     return Result(summary, read_metrics(folder / "metrics.jsonl"), folder)

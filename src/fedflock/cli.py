@@ -47,10 +47,13 @@ def run(config: Path, set_: SetOpt = None,
         quiet: QuietOpt = False) -> None:
     """Run one experiment and write its run directory."""
     from fedflock.experiment import run_experiment
+    from fedflock.rundir import RunDirectory
     from fedflock.validation import load_config
 
     cfg = load_config(config, set_ or [])
     out = out or _default_out(config, f"{cfg.algorithm.name}-seed{cfg.seed}")
+    if not resume:  # resuming compares it instead (a run's own config.yaml resumes it)
+        RunDirectory(out).refuse_overwriting(config)
     # engine: flower goes through Flower's simulation runtime (`flwr run`)
     summary = run_experiment(cfg, out, resume=resume, quiet=_quiet(quiet))
     metric = summary.get("primary_metric", "accuracy")
@@ -68,6 +71,8 @@ def compare(config: Path,
             seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0",
             set_: SetOpt = None,
             out: Annotated[Path | None, typer.Option(help="output directory")] = None,
+            resume: Annotated[bool, typer.Option(
+                help="continue the runs already there from their checkpoints")] = False,
             quiet: QuietOpt = False) -> None:
     """Run several algorithms (x seeds) on one config and print a side-by-side table."""
     from rich.console import Console
@@ -84,7 +89,7 @@ def compare(config: Path,
         raise FedflockError(f"--seeds {seeds!r}: expected comma-separated integers") from None
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     out = out or _default_out(config, "compare")
-    rows = run_compare(cfg, names, seed_list, out, quiet=_quiet(quiet))
+    rows = run_compare(cfg, names, seed_list, out, quiet=_quiet(quiet), resume=resume)
     table = Table(title=f"{cfg.data.dataset} / {cfg.data.scenario.kind} "
                         f"({cfg.data.clients} clients, seeds {seeds})")
     for col in header(rows):

@@ -10,7 +10,7 @@ import numpy as np
 
 from fedflock.config import ExperimentConfig
 from fedflock.errors import ConfigError
-from fedflock.experiment import run_experiment
+from fedflock.experiment import check_run_directory, run_experiment
 from fedflock.fileio import write_json, write_text
 from fedflock.validation import validate
 
@@ -36,8 +36,10 @@ def header(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
-            quiet: bool = False) -> list[dict[str, Any]]:
-    """Run every (algorithm, seed) into out/<algorithm>/seed<k>; return one row per algorithm."""
+            quiet: bool = False, resume: bool = False) -> list[dict[str, Any]]:
+    """Run every (algorithm, seed) into out/<algorithm>/seed<k>; return one row per algorithm.
+    `resume`: runs already there continue from their checkpoints (finished ones are not
+    re-run), the others start."""
     for what, given in (("algorithm", algorithms), ("seed", seeds)):
         if not given:
             raise ConfigError(f"compare: no {what} given")
@@ -52,14 +54,23 @@ def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], o
         raw["algorithm"] = {**params, "name": name}
         for seed in seeds:
             configs[name, seed] = validate({**raw, "seed": seed})
+    # ... and every run directory, so a clash is not met after hours of earlier runs
+    resumed = {key: resume and (_run_dir(out, *key) / "config.yaml").is_file()
+               for key in configs}
+    for key, cfg in configs.items():
+        check_run_directory(cfg, _run_dir(out, *key), resumed[key])
     rows = []
     for name in algorithms:
-        summaries = [run_experiment(configs[name, s], out / name / f"seed{s}", quiet=quiet)
-                     for s in seeds]
+        summaries = [run_experiment(configs[name, s], _run_dir(out, name, s),
+                                    resume=resumed[name, s], quiet=quiet) for s in seeds]
         rows.append(summarise(name, summaries))
     write_json(out / "compare.json", {"seeds": seeds, "rows": rows})
     write_text(out / "compare.md", markdown_table(rows, seeds))
     return rows
+
+
+def _run_dir(out: Path, algorithm: str, seed: int) -> Path:
+    return out / algorithm / f"seed{seed}"
 
 
 def summarise(name: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ The run directory (`fedflock.rundir`) keeps what is written; the summaries
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -231,8 +232,17 @@ def run_experiment(config: ExperimentConfig, out: Path, resume: bool = False,
     if config.engine == "flower":
         from fedflock.engines.flower.simulation import simulate
 
+        check_run_directory(config, out, resume)  # before Flower's start-up, not after it
         return simulate(config, out, resume, plugins=named_plugins())
     return Run(config, out, quiet).execute(resume)
+
+
+def check_run_directory(config: ExperimentConfig, out: Path, resume: bool = False) -> bool:
+    """Raise the one-line refusal a run of `config` into `out` would meet, writing nothing;
+    True when it would continue from a checkpoint. Its warnings are left to the run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return RunDirectory(out).check_start(dump_config(resolved(config)), resume)
 
 
 def without_timings(summary: dict[str, Any]) -> dict[str, Any]:

@@ -141,8 +141,18 @@ class RunDirectory:
             raise FedflockError(f"--out {self.path}: a file is there, expected a directory")
 
     # -- starting and resuming -----------------------------------------------------------------
-    def prepare(self, config_text: str, resume: bool) -> bool:
-        """Make the directory ready; True when the run continues from its checkpoint.
+    def refuse_overwriting(self, source: Path) -> None:
+        """A run writes its resolved config to config.yaml: refuse when that is the very file
+        being run (`fedflock run folder/config.yaml --out folder`), which it would replace."""
+        if self.config_path.exists() and self.config_path.samefile(source):
+            raise FedflockError(f"--out {self.path}: its config.yaml is the config being run, "
+                                "which the run would overwrite; use another --out")
+
+    def check_start(self, config_text: str, resume: bool) -> bool:
+        """Whether a run of `config_text` may start here (raises the refusal's one line if
+        not); True when it would continue from the checkpoint. Writes nothing, so a caller
+        can check every directory before the first run starts (`compare`, a Flower engine
+        that takes seconds to start).
 
         A new run refuses a directory holding a finished run or a checkpoint; a run that was
         killed before its first checkpoint starts afresh (with a warning), as does `--resume`
@@ -168,6 +178,13 @@ class RunDirectory:
         elif self.metrics_path.exists():
             warnings.warn(f"{self.path} holds an unfinished run without a checkpoint; starting "
                           "it afresh", stacklevel=2)
+        return False
+
+    def prepare(self, config_text: str, resume: bool) -> bool:
+        """Make the directory ready (`check_start`); True when the run continues from its
+        checkpoint."""
+        if self.check_start(config_text, resume):
+            return True
         (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.metrics_path.unlink(missing_ok=True)
         write_text(self.config_path, config_text)
