@@ -75,8 +75,8 @@ BAD_CONFIGS = {
     "attack after the last round": (
         {"rounds": 5, "attack": {"kind": "zero", "fraction": 0.2, "start_round": 6}},
         "attack.start_round"),
-    "start round of a data attack": (
-        {"rounds": 5, "attack": {"kind": "label_flip", "fraction": 0.2, "start_round": 3}},
+    "data attack after the last round": (
+        {"rounds": 5, "attack": {"kind": "label_flip", "fraction": 0.2, "start_round": 6}},
         "attack.start_round"),
 }
 

@@ -124,3 +124,32 @@ def test_adversary_leaves_batchnorm_buffers_honest() -> None:
                           update_size=4)
     out = adversary(1, _replies(updates))
     assert out[1].update.tolist() == [-1, -1, -1, -1, 1, 1]
+
+
+def test_a_data_attack_trains_honestly_before_its_start_round() -> None:
+    """model_replacement (and label_flip) attackers are sleepers until `start_round`: before
+    it they train on their true labels, from it on the flipped ones."""
+    from fedflock.client.runtime import ClientRuntime
+    from fedflock.client.tasks import Train
+    from fedflock.data.scenarios import build_federated_data
+    from fedflock.validation import validate
+    from tests.conftest import small_config
+
+    def runtime(attack: dict | None) -> ClientRuntime:
+        cfg = validate(small_config(rounds=5, attack=attack))
+        return ClientRuntime(build_federated_data(cfg.data, cfg.seed), cfg.model,
+                             cfg.training, cfg.seed, attack=cfg.attack)
+
+    honest = runtime(None)
+    attacked = runtime({"kind": "model_replacement", "fraction": 0.3, "start_round": 3})
+    bad = sorted(attacked.labels)[0]
+    params = honest.initial_params()
+
+    def update(rt: ClientRuntime, rnd: int) -> torch.Tensor:
+        return rt.run([Train(bad, rnd, params=params)])[0].update
+
+    assert torch.equal(update(attacked, 2), update(honest, 2))
+    assert not torch.equal(update(attacked, 3), update(honest, 3))
+    assert torch.equal(update(attacked, 2), update(honest, 2))  # the labels follow the round
+    flipped = runtime({"kind": "label_flip", "fraction": 0.3})  # from round 1 by default
+    assert not torch.equal(update(flipped, 1), update(honest, 1))

@@ -17,8 +17,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
 
@@ -153,9 +151,10 @@ class AttackConfig(_Strict):
     update, times `scale`), `zero`, `random` (Gaussian noise of `scale` times the honest norm),
     `model_replacement` (trains on flipped labels and boosts its update by `scale`, by default
     sampled clients / malicious sampled clients, so that it replaces the aggregate).
-    Data poisoning: `label_flip` trains on labels mapped by `label_map` (default 0-3 <-> 4-7)
-    from the first round. `colluding` attackers send one common vector per round (their mean, or
-    one shared noise draw). Model poisoning starts at `start_round`.
+    Data poisoning: `label_flip` trains on labels mapped by `label_map` (default 0-3 <-> 4-7).
+    `colluding` attackers send one common vector per round (their mean, or one shared noise
+    draw). Every attack starts at `start_round`: before it, malicious clients train and send
+    honestly (sleepers).
     """
 
     kind: Literal["sign_flip", "zero", "random", "model_replacement", "label_flip"]
@@ -165,15 +164,6 @@ class AttackConfig(_Strict):
     label_map: dict[int, int] = Field(
         default_factory=lambda: {0: 4, 1: 5, 2: 6, 3: 7, 4: 0, 5: 1, 6: 2, 7: 3})
     start_round: int = Field(1, ge=1)
-
-    @field_validator("start_round")
-    @classmethod
-    def _start_round_poisons_models(cls, start_round: int, info: ValidationInfo) -> int:
-        kind = info.data.get("kind")
-        if start_round != 1 and kind is not None and kind not in MODEL_POISONING:
-            raise ValueError(f"{kind} poisons the data from the first round; start_round "
-                             "applies to model poisoning")
-        return start_round
 
     @property
     def poisons_data(self) -> bool:
@@ -256,7 +246,7 @@ class ExperimentConfig(_Strict):
     @model_validator(mode="after")
     def _attack_within_the_run(self) -> ExperimentConfig:
         attack = self.attack
-        if attack is not None and attack.poisons_model and attack.start_round > self.rounds:
+        if attack is not None and attack.start_round > self.rounds:
             raise ValueError(f"attack.start_round: round {attack.start_round} is after the "
                              f"last round ({self.rounds}), so the attack would never happen")
         return self

@@ -64,11 +64,15 @@ class ClientRuntime:
         self.states: dict[int, dict[str, torch.Tensor]] = {}
         self.attack = attack
         self.malicious = malicious_clients(attack, data.num_clients, seed)
+        # malicious client -> (honest, flipped) training labels, chosen by each task's round:
+        # before attack.start_round an attacker trains honestly (a sleeper)
+        self.labels: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if attack is not None and attack.poisons_data:
             check_label_map(attack, self.data_spec.num_classes)
             for c in (c for c in self.malicious if c in self.clients):
                 client = self.clients[c]
-                client.y_train = flip_labels(client.y_train, attack.label_map)
+                self.labels[c] = (client.y_train, flip_labels(client.y_train, attack.label_map))
+                client.y_train = self.labels[c][1]
 
     @property
     def num_clients(self) -> int:
@@ -119,9 +123,20 @@ class ClientRuntime:
         return task_seed(self.seed, task.round, task.client, salt)
 
     # -- tasks -----------------------------------------------------------------------------
+    def _poison(self, tasks: Sequence[Task]) -> None:
+        """Give each malicious client of `tasks` the labels of its task's round."""
+        if not self.labels or self.attack is None or self.attack.start_round == 1:
+            return
+        for task in tasks:
+            if task.client in self.labels:
+                honest, flipped = self.labels[task.client]
+                late = task.round < self.attack.start_round
+                self.clients[task.client].y_train = honest if late else flipped
+
     def run(self, tasks: Sequence[Task]) -> list[Reply]:
         """Replies in the order of `tasks`; tasks of one kind that follow each other run
         together (`Task.run_many`), so a kind can share work (one pass per shared model)."""
+        self._poison(tasks)
         out: list[Reply] = []
         for _, group in groupby(tasks, key=type):
             batch = list(group)
