@@ -186,6 +186,9 @@ def test_list_params_prints_types_defaults_and_descriptions() -> None:
     line = next(ln for ln in result.stdout.splitlines() if ln.split()[:1] == ["f_threshold"])
     assert "float" in line and "3.5" in line and "pseudo-F" in line
     assert "one of auto|eps" in result.stdout
+    sketch = next(ln for ln in fedflock("list", "--params", "incremental").stdout.splitlines()
+                  if ln.split()[:1] == ["sketch"])
+    assert "int | auto | None" in sketch and "Union" not in sketch
     unknown = fedflock("list", "--params", "nope")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
 
@@ -231,3 +234,19 @@ def test_run_refuses_to_overwrite_the_config_it_runs(tmp_path: Path, cli) -> Non
     with pytest.raises(FedflockError, match="the config being run"):
         api.run(cfg, folder)
     assert cfg.read_text() == written
+
+
+def test_a_registered_docstring_is_described_by_its_first_sentence() -> None:
+    from fedflock.registry import Registry, first_sentence
+
+    class Probe:
+        """Scores K models on the client's data, picks one
+        and trains it. Details follow here.
+
+        More paragraphs."""
+
+    registry: Registry[type] = Registry("thing")
+    registry.register("probe")(Probe)
+    assert registry.describe() == {"probe": "Scores K models on the client's data, picks one "
+                                   "and trains it."}
+    assert first_sentence("No full stop\nacross lines\n\nnext") == "No full stop across lines"

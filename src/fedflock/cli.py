@@ -216,13 +216,20 @@ def list_components(
 
 
 def _type_name(annotation: object) -> str:
-    """`int`, `float | None`, `one of auto|eps`: a parameter's type as a user reads it."""
-    from typing import Literal, get_args, get_origin
+    """`int`, `float | None`, `one of auto|eps`, `int | auto | None`: a parameter's type as a
+    user reads it."""
+    import types
+    from typing import Literal, Union, get_args, get_origin
 
-    if get_origin(annotation) is Literal:
-        return "one of " + "|".join(str(a) for a in get_args(annotation))
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return "one of " + "|".join(str(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else
+                          "|".join(map(str, get_args(a))) if get_origin(a) is Literal else
+                          _type_name(a) for a in args)
     name = getattr(annotation, "__name__", None)
-    return name if name and not get_args(annotation) else str(annotation).replace("typing.", "")
+    return name if name and not args else str(annotation).replace("typing.", "")
 
 
 def _print_params(name: str, cls: type, doc: str) -> None:

@@ -16,6 +16,14 @@ def _origin(obj: object) -> tuple[str, str]:
     return getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
 
 
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line (its first paragraph when no sentence ends
+    there): a description cut at the end of a line stopped mid-sentence."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[:end + 1]
+
+
 class Registry(Generic[T]):
     """Maps names to components; each entry keeps a one-line description for `fedflock list`."""
 
@@ -29,8 +37,7 @@ class Registry(Generic[T]):
             if name in self._items and _origin(self._items[name]) != _origin(obj):
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             self._items[name] = obj
-            text = doc or (getattr(obj, "__doc__", None) or "").strip().splitlines()[:1]
-            self._docs[name] = text if isinstance(text, str) else (text[0] if text else "")
+            self._docs[name] = doc or first_sentence(getattr(obj, "__doc__", None) or "")
             return obj
 
         return decorator
