@@ -159,13 +159,17 @@ def test_missing_fields_and_unfinished_run(cfl_run: Path, tmp_path: Path) -> Non
         for key in ("accuracy_mean", "accuracy_worst", "accuracy", "clusters"):
             rec.pop(key)
     records[2]["clusters"][0].pop("pseudo_f", None)
+    records[-1]["evaluated_round"] = records[-1]["round"] - 1  # its evaluation unanswered
     lines = [json.dumps(r) for r in records] + ['{"round": 99, "accura']
     (run / "metrics.jsonl").write_text("\n".join(lines))
     (run / "summary.json").unlink()  # both are written only when the run ends
     shutil.rmtree(run / "splits")
     names = _check_written(make_report(run), run / "report")
     assert set(names) == {"accuracy.png", "norms.png", "report.md"}
-    assert "not written yet" in names["report.md"].read_text()
+    text = names["report.md"].read_text()
+    assert "not written yet" in text
+    last = records[-1]["round"]
+    assert f"last logged round {last} (figures of round {last - 1}, the last evaluated)" in text
 
 
 def test_corrupt_metrics_line_is_one_clear_error(cfl_run: Path, tmp_path: Path) -> None:

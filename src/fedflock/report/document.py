@@ -106,8 +106,10 @@ def summary_table(run: RunData) -> str:
     s = run.summary
     if not s:
         last = run.metrics[-1] if run.metrics else {}
+        stale = last.get("evaluated_round")  # nobody answered this round's evaluation
+        source = f" (figures of round {stale}, the last evaluated)" if stale is not None else ""
         return ("summary.json is not written yet (run unfinished?); last logged round "
-                f"{last.get('round', '–')}: accuracy {_pct(last.get('accuracy_mean'))} %, "
+                f"{last.get('round', '–')}{source}: accuracy {_pct(last.get('accuracy_mean'))} %, "
                 f"worst {_pct(last.get('accuracy_worst'))} %, "
                 f"{last.get('num_clusters', '–')} clusters.\n")
     acc = s.get("accuracy") or {}
