@@ -48,6 +48,8 @@ BAD_CONFIGS = {
         "attack.label_map"),
     "no benign client left": ({"attack": {"kind": "zero", "fraction": 0.99}}, "attack.fraction"),
     "participation count 0": ({"participation": {"count": 0}}, "participation.count"),
+    "participation fraction and count": ({"participation": {"fraction": 0.1, "count": 5}},
+                                         "config: participation: give fraction (0.1) or count"),
     "unknown similarity": ({"algorithm": {"name": "incremental", "similarity": "jaccard"}},
                            "algorithm.similarity"),
     "sketched manhattan": ({"algorithm": {"name": "incremental", "similarity": "manhattan",

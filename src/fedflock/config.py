@@ -135,6 +135,13 @@ class ParticipationConfig(_Strict):
     fraction: float = Field(1.0, gt=0, le=1)
     count: int | None = Field(None, ge=1)
 
+    @model_validator(mode="after")
+    def _one_rate(self) -> ParticipationConfig:
+        if self.count is not None and self.fraction != 1.0:
+            raise ValueError(f"give fraction ({self.fraction}) or count ({self.count}), not "
+                             "both")
+        return self
+
     def per_round(self, num_clients: int) -> int:
         k = self.count if self.count is not None else max(1, round(self.fraction * num_clients))
         return min(k, num_clients)
