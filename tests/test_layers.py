@@ -23,3 +23,18 @@ def test_config_imports_nothing_above_it() -> None:
     graph = grimp.build_graph("fedflock")
     below = {"fedflock.errors", "fedflock.registry"}
     assert graph.find_upstream_modules("fedflock.config") <= below
+
+
+def test_server_logic_loads_no_training_loop_engine_or_flower() -> None:
+    """DESIGN: an algorithm never imports an engine, Flower or a training loop. The tasks it
+    builds import the training loop inside `run`, on the client's side only."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, fedflock.algorithms; print(' '.join(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert "fedflock.client.tasks" in loaded  # algorithms build tasks...
+    for module in ("fedflock.client.training", "fedflock.client.runtime", "fedflock.engines",
+                   "flwr"):
+        assert module not in loaded  # ...without what runs them

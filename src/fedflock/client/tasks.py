@@ -2,6 +2,9 @@
 
 Each is one registered `Task` (see `fedflock.client.task`): its fields are what the server sends,
 `run` is what the client computes on its own data, `check` what the server accepts back.
+Algorithms import this module to build tasks; the training loop (`fedflock.client.training`)
+is imported by `run` only, on the client's side, so server logic never loads it (DESIGN; an
+import-linter contract checks it).
 """
 
 from __future__ import annotations
@@ -20,20 +23,12 @@ from fedflock.client.task import (
     check_tensor,
     register_task,
 )
-from fedflock.client.training import (
-    Proximal,
-    eval_layout,
-    gradient_step,
-    sample_losses,
-    sample_stats,
-    train_model,
-    train_model_private,
-)
 from fedflock.data.poisoning import flip_labels
 from fedflock.registry import Registry
 
 if TYPE_CHECKING:
     from fedflock.client.runtime import ClientRuntime
+    from fedflock.client.training import Proximal
 
 
 def _check_update(task: Task, reply: Reply, size: int) -> None:
@@ -93,6 +88,7 @@ class Train(Task):
         return "train" if self.epochs is None else "finetune"
 
     def proximal(self, runtime: ClientRuntime, start: torch.Tensor) -> Proximal | None:
+        from fedflock.client.training import Proximal
         if not self.proximal_mu:
             return None
         if self.centres is None:
@@ -103,6 +99,7 @@ class Train(Task):
         return Proximal(self.proximal_mu, centres, weights)
 
     def run(self, runtime: ClientRuntime) -> Reply:
+        from fedflock.client.training import train_model, train_model_private
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         weights = None if self.sample_weights is None else self.sample_weights.to(runtime.dtype)
@@ -138,6 +135,7 @@ class Gradient(Task):
     probe: bool | None = None
 
     def run(self, runtime: ClientRuntime) -> Reply:
+        from fedflock.client.training import gradient_step, train_model_private
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         salt = "probe-gradient" if self.probe else "gradient"
@@ -177,6 +175,7 @@ def _most_accurate(scores: torch.Tensor) -> int:
 
 def model_scores(runtime: ClientRuntime, client: int, models: torch.Tensor) -> torch.Tensor:
     """(accuracy, mean loss) of each of K models (rows) on the client's training data."""
+    from fedflock.client.training import eval_layout, sample_losses
     data = runtime.client_data(client)
     out = []
     for params in models:
@@ -236,6 +235,7 @@ class Losses(Task):
     models: torch.Tensor
 
     def run(self, runtime: ClientRuntime) -> Reply:
+        from fedflock.client.training import eval_layout, sample_losses
         data = runtime.client_data(self.client)
         rows = [sample_losses(runtime.load_eval(p), eval_layout(data.x_train), data.y_train,
                               runtime.objective)[1] for p in self.models]
@@ -309,6 +309,7 @@ class Evaluate(Task):
     @classmethod
     def run_many(cls, runtime: ClientRuntime, tasks: Sequence[Task]) -> list[Reply]:
         """Clients sharing one model tensor (a cluster) are evaluated in one forward pass."""
+        from fedflock.client.training import eval_layout, sample_stats
         by_model: dict[tuple[int, str], list[int]] = {}
         for i, t in enumerate(tasks):
             assert isinstance(t, Evaluate)
@@ -352,6 +353,7 @@ class Responses(Task):
 
     @torch.no_grad()
     def run(self, runtime: ClientRuntime) -> Reply:
+        from fedflock.client.training import eval_layout
         model = runtime.load_eval(self.params)
         model.eval()
         out = torch.softmax(model(eval_layout(self.inputs.to(runtime.dtype))), dim=-1)
@@ -367,6 +369,7 @@ def attack_success(runtime: ClientRuntime, models: dict[int, torch.Tensor],
                    label_map: dict[int, int]) -> dict[int, tuple[int, int]]:
     """Per client: (test samples of a targeted class predicted as the attacker's target for it,
     test samples of a targeted class). Simulation only: it reads the clients' test labels."""
+    from fedflock.client.training import eval_layout, sample_losses
     out = {}
     for client, params in models.items():
         data = runtime.client_data(client)
