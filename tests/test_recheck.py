@@ -115,6 +115,23 @@ def test_a_watch_never_splits_a_cluster_without_structure_nor_spans_rounds_unset
     assert whole is not None  # a window of one round needs no settled model
 
 
+def test_same_round_share_lets_one_rounds_replies_be_a_window_before_the_model_settles(
+        ) -> None:
+    gen = torch.Generator().manual_seed(2)
+    common = torch.zeros(50)
+    common[0] = 1.0
+    members = list(range(40))  # a window needs 20 updates (coverage 0.5)
+    for share, closes in ((None, False), (0.5, True), (0.7, False)):
+        watch = SplitWatch(Stabilisation(2, 0.1), 0.5, 3, share)
+        watch.stability.changes = [0.4, 0.3, 0.2, 0.1]  # still shrinking: may not span
+        watch.stability.last = MODEL
+        exam = watch.examine(members, MODEL, list(range(12)), _updates([common] * 12, gen),
+                             [1] * 12)  # 12 replies: at least half of 20, less than 0.7 of it
+        assert (exam is not None) == closes and len(watch.window) == 0
+        if closes:
+            assert exam.window.clients == list(range(12))
+
+
 def test_rounds_with_a_single_reply_neither_add_to_nor_drop_a_window() -> None:
     """One reply a round: the cluster model is the last client's, so the next update says
     how two clients differ, not how one does; such rounds leave the window as it is."""

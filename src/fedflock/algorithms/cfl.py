@@ -108,7 +108,8 @@ class CFL(MergingAlgorithm):
         self.param_tree = ParameterTree(self.params.tree_updates)
         self.param_tree.add_root(self._clusters[0].id, self._clusters[0].members)
         p = self.params
-        self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage, p.min_replies)
+        self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage, p.min_replies,
+                                    p.same_round_share)
 
     def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         if self.params.update == "gradients":

@@ -52,6 +52,10 @@ class SplitTestParams(AlgorithmParams):
     window_coverage: float = Field(0.5, ge=0, le=1, description="split test: share of a "
                                    "cluster's members whose updates a window needs, besides "
                                    "CFL's min_replies (one round when that many reply)")
+    same_round_share: float | None = Field(
+        0.5, gt=0, le=1, description="split test: before a cluster's model has settled, one "
+        "round's replies form a window when they number this share of what a window needs "
+        "(they share one model, so they differ by data, not age); null: full windows only")
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
     merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
                              "model and merge the two when the split test finds no groups "

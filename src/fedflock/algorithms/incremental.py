@@ -167,7 +167,7 @@ class Incremental(MergingAlgorithm):
         self.stability = Stabilisation(self.params.patience, self.params.stable_tol)
         p = self.params  # every cluster's split test after clustering
         self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage,
-                                    p.min_cluster_size)
+                                    p.min_cluster_size, p.same_round_share)
         self.clustered_round: int | None = None
         self._offered: dict[int, list[int]] = {}
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}

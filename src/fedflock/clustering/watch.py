@@ -4,7 +4,14 @@ Each round the cluster is trained, its members' updates go into a window (`Updat
 closes as soon as it holds updates of `coverage` of the members (at least `min_size`): one round
 under full participation (then this is exactly CFL's same-round test), the fewest rounds that
 reach the coverage otherwise, and those only once the cluster's own model has settled
-(`Stabilisation`), so that the updates of a window differ by data more than by age. Each closed
+(`Stabilisation`), so that the updates of a window differ by data more than by age. Before
+that, one round's replies still form a window on their own when they number at least
+`same_round_share` of what a window needs: they were all computed at one model, so they
+differ by data, not age (the CFL paper's same-round updates). Without it a cluster sampled at
+less than `coverage` a round got no window until its model settled, and the early rounds,
+where groups pull apart most, went unexamined (on the grid, seed 0, CFL then never split off
+feature_skew's invert group of `mnist-feature_skew-g5-n184`: windows of 41 and 31 in warm-up,
+none from rounds 12 to 24, then 1.4-1.7). Each closed
 window is scored by a pseudo-F of its cosine matrix's min-max merge tree (about 1 for
 structureless updates, large when parts point apart, see `split_stats`; the algorithm says
 which cut it scores). Above `f_threshold` in `patience` windows in a row (or in `votes` of the
@@ -60,6 +67,7 @@ class SplitWatch:
     stability: Stabilisation
     coverage: float
     min_size: int
+    same_round_share: float | None = None
     window: UpdateWindow = field(default_factory=UpdateWindow)
     scores: list[float] = field(default_factory=list)  # each closed window's statistic
 
@@ -82,8 +90,10 @@ class SplitWatch:
         # a window begun while the model was settled runs to its end (the relative change of
         # a partially sampled cluster is noisy: re-testing each round would drop most windows)
         may_span = len(self.window) > 0 or self.stability.stable()
-        window = self.window.add(clients, updates, examples, self.needed(len(members)),
-                                 may_span=may_span)
+        needed = self.needed(len(members))
+        if not may_span and self.same_round_share is not None:  # this round's replies alone
+            needed = min(needed, max(self.min_size, math.ceil(self.same_round_share * needed)))
+        window = self.window.add(clients, updates, examples, needed, may_span=may_span)
         if window is None:
             return None
         return Examination(window, split_stats(window.gram.numpy(), window.examples,
@@ -111,14 +121,17 @@ class SplitWatches:
     """One `SplitWatch` per cluster, made on first use and checkpointed together: what CFL and
     incremental clustering's re-examination keep between rounds."""
 
-    def __init__(self, patience: int, tol: float, coverage: float, min_size: int) -> None:
+    def __init__(self, patience: int, tol: float, coverage: float, min_size: int,
+                 same_round_share: float | None = None) -> None:
         self.patience, self.tol, self.coverage, self.min_size = patience, tol, coverage, min_size
+        self.same_round_share = same_round_share
         self.watches: dict[int, SplitWatch] = {}
 
     def __getitem__(self, cluster_id: int) -> SplitWatch:
         if cluster_id not in self.watches:
             self.watches[cluster_id] = SplitWatch(Stabilisation(self.patience, self.tol),
-                                                  self.coverage, self.min_size)
+                                                  self.coverage, self.min_size,
+                                                  self.same_round_share)
         return self.watches[cluster_id]
 
     def examine(self, cluster_id: int, members: list[int], model: torch.Tensor,
