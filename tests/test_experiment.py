@@ -266,3 +266,16 @@ def test_flower_engine_refuses_a_used_run_directory_before_starting_flower(
         run_experiment(validate(small_config(engine="flower")), out, quiet=True)
     assert time.perf_counter() - started < 5  # Flower's start-up alone takes ~20 s
     assert not (tmp_path / "r.flower.log").exists()
+
+
+def test_compare_keeps_the_configs_algorithm_parameters_and_runs_the_others_on_defaults(
+        tmp_path: Path) -> None:
+    from fedflock.compare import compare
+
+    config = validate(small_config(rounds=1, algorithm={"name": "fedavg_ft",
+                                                        "finetune_epochs": 1}))
+    compare(config, ["fedavg_ft", "fedavg"], [0], tmp_path, quiet=True)
+    written = {name: yaml.safe_load((tmp_path / name / "seed0" / "config.yaml").read_text())
+               for name in ("fedavg_ft", "fedavg")}
+    assert written["fedavg_ft"]["algorithm"]["finetune_epochs"] == 1  # the default is 3
+    assert "finetune_epochs" not in written["fedavg"]["algorithm"]

@@ -67,7 +67,9 @@ def run(config: Path, set_: SetOpt = None,
 
 @app.command()
 def compare(config: Path,
-            algorithms: Annotated[str, typer.Option(help="comma-separated names")] = "cfl,fedavg",
+            algorithms: Annotated[str, typer.Option(
+                help="comma-separated names; the config's own algorithm keeps its "
+                "parameters, the others run with their defaults")] = "cfl,fedavg",
             seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0",
             set_: SetOpt = None,
             out: Annotated[Path | None, typer.Option(help="output directory")] = None,

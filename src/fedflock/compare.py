@@ -38,6 +38,8 @@ def header(rows: list[dict[str, Any]]) -> list[str]:
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
             quiet: bool = False, resume: bool = False) -> list[dict[str, Any]]:
     """Run every (algorithm, seed) into out/<algorithm>/seed<k>; return one row per algorithm.
+    The config's algorithm keeps its parameters; the others run with their defaults (the
+    parameters of one algorithm mean nothing to another).
     `resume`: runs already there continue from their checkpoints (finished ones are not
     re-run), the others start."""
     for what, given in (("algorithm", algorithms), ("seed", seeds)):
