@@ -266,6 +266,9 @@ def main() -> None:
     parser.add_argument("--params", default="{}", help="JSON {algorithm: {param: value}} "
                         "applied to every cell (a default being tried; never per cell)")
     parser.add_argument("--out", type=Path, default=Path("runs/grid"))
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per run (a result depends on it through float "
+                        "rounding; the committed rows use 1)")
     parser.add_argument("--list", action="store_true", help="print the cells and stop")
     parser.add_argument("--report", action="store_true", help="only print the table of the "
                         "runs already done")
@@ -274,7 +277,7 @@ def main() -> None:
                         "cluster instead of re-running them (for options that act only on "
                         "two clusters or more)")
     args = parser.parse_args()
-    torch.set_num_threads(1)  # many small models: more threads only contend (7x slower here)
+    torch.set_num_threads(args.threads)  # 1: many small models, more threads only contend
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = args.methods.split(",")
     cells = draw_cells(args.cells) + draw_femnist_cells(args.femnist)
