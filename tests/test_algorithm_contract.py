@@ -22,8 +22,8 @@ from tests.conftest import small_config
 # Settings that make each method change its structure within a few rounds.
 QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3,
                  "merge_test": True},
-         "incremental": {"cluster_round": 2, "placement_delay": 0,
-                         "merge_test": True},  # probes, open windows, merges: resumed too
+         "incremental": {"cluster_round": 2, "placement_delay": 0, "merge_test": True,
+                         "recluster": True},  # probes, windows, merges, pair sums: resumed
          "ifca": {"clusters": 2},
          "distfl": {"warmup_rounds": 2, "recluster_every": 2, "synthetic": 16, "steps": 5,
                     "threshold": 0.05}}

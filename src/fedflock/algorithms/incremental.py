@@ -36,6 +36,14 @@ the parent's heirs. So an under-split (two groups
 Louvain left together, or a clustering done too early) is repaired by later splits, while a
 cluster without structure scores about 1 and stays whole.
 
+The re-examination can also re-run the paper's own rule inside a cluster (`recluster`, off):
+Louvain on the cosines of updates its members sent in the same round, accumulated over the
+rounds (they share one model, so they differ by data, not age, unlike the store of latest
+updates the first clustering used), once the cluster's model has settled; communities found on
+alternate rounds are judged on the others and kept apart only when a confidence bound shows
+them apart (`clustering.coround`, `recluster_level`). No extra communication; O(m^2) sums for
+a cluster of m members (skipped above `coround.MAX_MEMBERS`, where windows are full anyway).
+
 Over-splits can be undone (`merge_test`, off: on the scenario grid it undid the one IID split
 and gained no paying cell, nor did it undo a lower split bar's over-splits, whose parts are
 mostly too small to test; not under attack: a merge could let attackers into a benign
@@ -84,6 +92,7 @@ from fedflock.clustering.communities import (
     merge_close,
     modularity,
 )
+from fedflock.clustering.coround import MAX_MEMBERS, SameRoundCosines, louvain_split
 from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import SplitWatches
@@ -126,6 +135,13 @@ class IncrementalParams(SplitTestParams):
         "(after a poisoned FedAvg phase)")
     recheck: bool = Field(True, description="keep examining every cluster after clustering "
                           "and split it when its members' updates hold two groups")
+    recluster: bool = Field(False, description="recheck also re-runs Louvain inside a cluster "
+                            "whose model has settled, on the cosines of its members' "
+                            "same-round updates accumulated over the rounds, and splits into "
+                            "the communities shown apart (clustering.coround)")
+    recluster_level: float = Field(0.001, gt=0, lt=0.5, description="recluster: one-sided "
+                                   "level of the confidence bound on the mean cosine between "
+                                   "two communities that max_cross_ratio judges")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
@@ -142,6 +158,8 @@ class IncrementalParams(SplitTestParams):
                              "distances (use cosine or euclidean, or sketch: null)")
         if isinstance(self.sketch, int) and self.sketch < 16:
             raise ValueError("sketch: at least 16 dimensions")
+        if self.recluster and not self.recheck:
+            raise ValueError("recluster needs recheck (it is part of a cluster's examination)")
         if self.merge_test and not self.recheck:
             raise ValueError("merge_test needs recheck (a cluster is probed once its split "
                              "test's watch finds its model settled)")
@@ -173,6 +191,7 @@ class Incremental(MergingAlgorithm):
         self._stacks: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
         self.trained_rounds: dict[int, int] = {}  # cluster -> rounds it aggregated since clustering
+        self.coround: dict[int, SameRoundCosines] = {}  # cluster -> its members' pairs (recluster)
 
     def _sketch_size(self) -> int | None:
         sketch = self.params.sketch
@@ -293,12 +312,12 @@ class Incremental(MergingAlgorithm):
         found = self.watches.examine(cluster.id, cluster.members, cluster.params, replies,
                                      self.update_size)
         if found is None:
-            return None
+            return self._recluster(rnd, cluster, replies, diag)
         held = found.window.clients
         diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
                     kway_f=round(found.stats.kway_f, 4), examined=len(held))
         if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold, p.votes):
-            return None
+            return self._recluster(rnd, cluster, replies, diag)
         positions = found.stats.split(p.split_statistic, p.split_into)
         parts = [[held[i] for i in part] for part in positions]
         children = list(range(self._next_id, self._next_id + len(parts)))
@@ -306,9 +325,41 @@ class Incremental(MergingAlgorithm):
                              parts, {"rule": "recheck", **found.stats.figures(),
                                      "examined": len(held), "cluster_size": len(cluster.members)},
                              (held, found.window.similarity)))
-        self.watches.drop(cluster.id)
-        self.children[cluster.id] = children
+        self._split(cluster, children)
         return parts
+
+    def _split(self, cluster: Cluster, children: list[int]) -> None:
+        self.watches.drop(cluster.id)
+        self.coround.pop(cluster.id, None)
+        self.children[cluster.id] = children
+
+    def _recluster(self, rnd: int, cluster: Cluster, replies: list[Reply],
+                   diag: dict[str, Any]) -> list[list[int]] | None:
+        """Louvain on the cluster's accumulated same-round cosines, once its model has settled
+        (`clustering.coround`); the parts it shows apart, or None."""
+        p = self.params
+        if not p.recluster or len(cluster.members) > MAX_MEMBERS:
+            return None
+        cosines = self.coround.setdefault(cluster.id, SameRoundCosines())
+        cosines.add([r.client for r in replies],
+                    torch.stack([r.update[: self.update_size] for r in replies]))
+        if not self.watches[cluster.id].stability.stable():
+            return None
+        found = louvain_split(cosines, p.max_cross_ratio, p.recluster_level, p.min_cluster_size,
+                              p.resolution, p.backend)
+        if found is None:
+            return None
+        diag.update(recluster_parts=len(found.parts))
+        children = list(range(self._next_id, self._next_id + len(found.parts)))
+        rows = [i for i, c in enumerate(cosines.clients)  # the parts' members, as drawn
+                if any(c in part for part in found.parts)]
+        self.record(Decision("split", rnd, cluster.id, children, found.parts,
+                             {"rule": "recluster", **found.figures,
+                              "cluster_size": len(cluster.members)},
+                             ([cosines.clients[i] for i in rows],
+                              cosines.mean()[np.ix_(rows, rows)])))
+        self._split(cluster, children)
+        return found.parts
 
     def thresholds(self) -> list[dict[str, Any]]:
         if not self.params.recheck:
@@ -323,6 +374,7 @@ class Incremental(MergingAlgorithm):
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
         super().merged(kept, absorbed)
+        self.coround.pop(absorbed.id, None)
         self.children[absorbed.id] = [kept.id]  # clients waiting among its heirs now get kept
 
     # -- clients never seen before clustering --------------------------------------------------
@@ -391,7 +443,8 @@ class Incremental(MergingAlgorithm):
             "store": self.store.state_dict(), "changes": self.stability.changes,
             "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
             "children": self.children,
-            "watches": self.watches.state_dict()}
+            "watches": self.watches.state_dict(),
+            "coround": {k: v.state_dict() for k, v in self.coround.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -401,3 +454,5 @@ class Incremental(MergingAlgorithm):
         self.trained_rounds = {int(k): v for k, v in state.get("trained_rounds", {}).items()}
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
         self.watches.load_state_dict(state.get("watches", {}))
+        self.coround = {int(k): SameRoundCosines.from_state(v)
+                        for k, v in state.get("coround", {}).items()}

@@ -153,12 +153,17 @@ def splits_table(run: RunData) -> str:
                   rows)
 
 
+RULES = {"recheck": "re-examination (split test)",
+         "recluster": "re-examination (Louvain, same-round cosines)"}
+
+
 def decided_by(split: dict[str, Any]) -> str:
     """What made a recorded decision: incremental clustering's Louvain communities (its
-    modularity and cross ratio), a re-examination's split test, CFL's split test, or the
-    decision's own kind (DistFL's clustering, IFCA's seeding)."""
-    if split.get("rule") == "recheck":
-        return "re-examination (split test)"
+    modularity and cross ratio), a re-examination (its split test, or Louvain on same-round
+    cosines), CFL's split test, or the decision's own kind (DistFL's clustering, IFCA's
+    seeding)."""
+    if split.get("rule") in RULES:
+        return RULES[split["rule"]]
     if "modularity" in split:
         return "Louvain communities"
     if split.get("kind") == "split":
