@@ -40,9 +40,9 @@ The re-examination can also re-run the paper's own rule inside a cluster (`reclu
 Louvain on the cosines of updates its members sent in the same round, accumulated over the
 rounds (they share one model, so they differ by data, not age, unlike the store of latest
 updates the first clustering used), once the cluster's model has settled; communities found on
-alternate rounds are judged on the others and kept apart only when a confidence bound shows
-them apart (`clustering.coround`, `recluster_level`). No extra communication; O(m^2) sums for
-a cluster of m members (skipped above `coround.MAX_MEMBERS`, where windows are full anyway).
+alternate rounds are judged on the others and kept apart only when confidence bounds show
+them apart (`clustering.coround`; all of a cluster's tests share `recluster_level`). No extra
+communication; O(m^2) sums for a cluster of m members (not above `coround.MAX_MEMBERS`).
 
 Over-splits can be undone (`merge_test`, off: on the scenario grid it undid the one IID split
 and gained no paying cell, nor did it undo a lower split bar's over-splits, whose parts are
@@ -139,9 +139,9 @@ class IncrementalParams(SplitTestParams):
                             "whose model has settled, on the cosines of its members' "
                             "same-round updates accumulated over the rounds, and splits into "
                             "the communities shown apart (clustering.coround)")
-    recluster_level: float = Field(0.001, gt=0, lt=0.5, description="recluster: one-sided "
-                                   "level of the confidence bound on the mean cosine between "
-                                   "two communities that max_cross_ratio judges")
+    recluster_level: float = Field(0.001, gt=0, lt=0.5, description="recluster: the level "
+                                   "all of a cluster's tests share, of the confidence bounds "
+                                   "that must show its communities apart")
     sketch: int | Literal["auto"] | None = Field(
         "auto", description="store a count sketch of this many dimensions per client instead of "
         "its full update (null: never; auto: 4096 when every client's full update would take "
@@ -336,28 +336,29 @@ class Incremental(MergingAlgorithm):
     def _recluster(self, rnd: int, cluster: Cluster, replies: list[Reply],
                    diag: dict[str, Any]) -> list[list[int]] | None:
         """Louvain on the cluster's accumulated same-round cosines, once its model has settled
-        (`clustering.coround`); the parts it shows apart, or None."""
+        and a test is due (`clustering.coround`); the parts it shows apart, or None."""
         p = self.params
         if not p.recluster or len(cluster.members) > MAX_MEMBERS:
+            self.coround.pop(cluster.id, None)  # grown past it: its sums would go stale
             return None
         cosines = self.coround.setdefault(cluster.id, SameRoundCosines())
         cosines.add([r.client for r in replies],
                     torch.stack([r.update[: self.update_size] for r in replies]))
         if not self.watches[cluster.id].stability.stable():
             return None
-        found = louvain_split(cosines, p.max_cross_ratio, p.recluster_level, p.min_cluster_size,
-                              p.resolution, p.backend)
+        share = cosines.look()
+        if share is None:
+            return None
+        found = louvain_split(cosines, p.max_cross_ratio, p.recluster_level * share,
+                              p.min_cluster_size, p.resolution, p.backend)
         if found is None:
             return None
         diag.update(recluster_parts=len(found.parts))
         children = list(range(self._next_id, self._next_id + len(found.parts)))
-        rows = [i for i, c in enumerate(cosines.clients)  # the parts' members, as drawn
-                if any(c in part for part in found.parts)]
         self.record(Decision("split", rnd, cluster.id, children, found.parts,
-                             {"rule": "recluster", **found.figures,
+                             {"rule": "recluster", **found.figures, "test": cosines.looks,
                               "cluster_size": len(cluster.members)},
-                             ([cosines.clients[i] for i in rows],
-                              cosines.mean()[np.ix_(rows, rows)])))
+                             (found.clients, found.similarity)))
         self._split(cluster, children)
         return found.parts
 
@@ -374,7 +375,8 @@ class Incremental(MergingAlgorithm):
 
     def merged(self, kept: Cluster, absorbed: Cluster) -> None:
         super().merged(kept, absorbed)
-        self.coround.pop(absorbed.id, None)
+        for cluster in (kept, absorbed):  # the kept one's pairs were computed at its old model
+            self.coround.pop(cluster.id, None)
         self.children[absorbed.id] = [kept.id]  # clients waiting among its heirs now get kept
 
     # -- clients never seen before clustering --------------------------------------------------

@@ -343,7 +343,7 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
         detail = (f"Louvain modularity = {fmt_number(split['modularity'])}"
                   if "modularity" in split else
                   "Louvain on same-round cosines (blank: pair never in one round), "
-                  f"between/within bound = {fmt_number(split.get('cross_ratio'))}"
+                  f"apart ratio = {fmt_number(split.get('apart_ratio'))}"
                   if split.get("rule") == "recluster" else
                   rf"$\alpha_{{intra}}^{{min}}$ = {fmt_number(split.get('alpha_intra_min'))},  "
                   rf"$\alpha_{{cross}}^{{max}}$ = {fmt_number(split.get('alpha_cross_max'))}")
