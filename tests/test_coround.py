@@ -56,17 +56,22 @@ def test_tests_are_due_as_the_judging_half_doubles_and_spend_halving_levels() ->
     assert shares == [(1.0, 0.5), (2.0, 0.25), (4.0, 0.125), (8.0, 0.0625), (16.0, 0.03125)]
 
 
+def _replies(groups: list[int], directions: torch.Tensor, per_round: int, noise: float,
+             gen: torch.Generator, rng: np.random.Generator) -> tuple[list[int], torch.Tensor]:
+    """One round: `per_round` clients, each sending its group's direction plus noise."""
+    clients = sorted(rng.choice(len(groups), per_round, replace=False).tolist())
+    noisy = directions[[groups[c] for c in clients]] + noise * torch.randn(
+        len(clients), directions.shape[1], generator=gen)
+    return clients, noisy
+
+
 def _rounds(groups: list[int], directions: torch.Tensor, rounds: int, per_round: int,
             noise: float, seed: int) -> SameRoundCosines:
-    """Members of `groups[c]` send direction groups[c] plus noise; `per_round` reply a round."""
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    """The pair sums of `rounds` such rounds."""
+    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     cosines = SameRoundCosines()
     for _ in range(rounds):
-        clients = sorted(rng.choice(len(groups), per_round, replace=False).tolist())
-        updates = torch.stack([directions[groups[c]] + noise * torch.randn(
-            directions.shape[1], generator=gen) for c in clients])
-        cosines.add(clients, updates)
+        cosines.add(*_replies(groups, directions, per_round, noise, gen, rng))
     return cosines
 
 
@@ -89,15 +94,13 @@ def test_a_cluster_without_groups_does_not_split_tested_whenever_due_for_300_rou
     """One direction plus noise (0.1: pairs' cosines about 0.3; 1.0: about 0.005, noise
     alone), 3 replies a round, tested as the algorithm does: whenever a test is due, at its
     share of the level. Louvain finds communities in these; none is shown apart."""
-    direction = torch.zeros(200)
-    direction[0] = 1.0
+    direction = torch.zeros(1, 200)
+    direction[0, 0] = 1.0
     for seed in range(20):
         gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
         cosines = SameRoundCosines()
         for _ in range(300):
-            clients = sorted(rng.choice(20, 3, replace=False).tolist())
-            cosines.add(clients, torch.stack([direction + noise * torch.randn(
-                200, generator=gen) for _ in clients]))
+            cosines.add(*_replies([0] * 20, direction, 3, noise, gen, rng))
             share = cosines.look()
             if share is not None:
                 assert louvain_split(cosines, 0.25, 1e-3 * share, 3) is None
@@ -115,13 +118,12 @@ def test_a_loose_level_splits_noise_which_the_default_does_not() -> None:
 
 def _two_group_rounds(alg, rounds: range, per_round: int, seed: int) -> None:
     """Clients 0-9 send direction a, 10-19 direction b (plus noise), `per_round` a round."""
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    a, b = torch.eye(200)[0] + 0.3 * torch.eye(200)[2], torch.eye(200)[1] + 0.3 * torch.eye(200)[2]
+    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+    directions = torch.eye(200)[:2] + 0.3 * torch.eye(200)[2]
     for rnd in rounds:
-        clients = sorted(rng.choice(20, per_round, replace=False).tolist())
-        alg.aggregate_train(rnd, [update_reply(c, 0.01 * ((a if c < 10 else b) + 0.08 * torch.randn(
-            200, generator=gen))) for c in clients])
+        clients, updates = _replies([0] * 10 + [1] * 10, directions, per_round, 0.08, gen, rng)
+        alg.aggregate_train(rnd, [update_reply(c, 0.01 * u)
+                                  for c, u in zip(clients, updates, strict=True)])
 
 
 def test_incremental_reclusters_a_cluster_on_its_members_same_round_cosines() -> None:

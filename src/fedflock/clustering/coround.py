@@ -215,10 +215,17 @@ def nearest_parts(mean: np.ndarray, parts: list[list[int]]) -> list[list[int]]:
     cosine with, when that mean is positive; the others in none (they wait for placement).
     Louvain saw half the rounds: a member with few pairs there can land on the wrong side of
     a cut that is right for the communities as wholes."""
+    members = np.array(sorted(i for part in parts for i in part))
+    known = ~np.isnan(mean[members])  # the diagonal is NaN: a member never counts itself
+    onehot = np.zeros((mean.shape[1], len(parts)))
+    for k, part in enumerate(parts):
+        onehot[part, k] = 1.0
+    seen = known @ onehot  # pairs seen with each part
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(seen > 0, np.where(known, mean[members], 0.0) @ onehot / seen, -np.inf)
+    best = means.argmax(axis=1)
     out: list[list[int]] = [[] for _ in parts]
-    for member in sorted(i for part in parts for i in part):
-        means = [np.nanmean(mean[member, [j for j in part if j != member]])
-                 if np.isfinite(mean[member, part]).any() else np.nan for part in parts]
-        if np.isfinite(means).any() and np.nanmax(means) > 0:
-            out[int(np.nanargmax(means))].append(member)
+    for member, k, top in zip(members, best, means.max(axis=1), strict=True):
+        if top > 0:
+            out[k].append(int(member))
     return out
