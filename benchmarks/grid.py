@@ -154,7 +154,8 @@ def _check_same_params(done: dict[tuple[str, str, int], dict[str, Any]], methods
             raise SystemExit(2)
 
 
-ONLY_ON_TWO_CLUSTERS = {"merge_test", "merge_min_probes"}  # options that leave one cluster be
+# options that leave a run of one cluster be
+ONLY_ON_TWO_CLUSTERS = {"merge_test", "merge_min_probes", "reselect", "reselect_level"}
 
 
 def _copy_unsplit(source: Path, cells: list[Cell], methods: list[str], seeds: list[int],
@@ -198,8 +199,10 @@ def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[s
     return {"cell": cell.name, **asdict(cell), "rounds": cell.rounds, "algorithm": algorithm,
             "seed": seed, "accuracy": summary["accuracy"]["mean"], "ari": summary.get("ari"),
             "clusters": summary["num_clusters"],
-            "splits": sum(d.get("kind") != "merge" for d in summary.get("splits", [])),
+            "splits": sum(d.get("kind") not in ("merge", "move")
+                          for d in summary.get("splits", [])),
             "merges": sum(d.get("kind") == "merge" for d in summary.get("splits", [])),
+            "moves": sum(d.get("kind") == "move" for d in summary.get("splits", [])),
             "seconds": round(time.perf_counter() - start, 1)} | (
                 {"params": changed} if changed else {})  # a trial's rows say what it changed
 

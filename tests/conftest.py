@@ -114,3 +114,14 @@ def update_reply(client: int, update, examples: int = 10, loss: float = 0.1):
     from fedflock.client.task import Reply
 
     return Reply(client, {"update": update.clone()}, {"loss": loss}, examples)
+
+
+def small_runtime():
+    """The client side of `small_config()`'s federation: every client's data and the model."""
+    from fedflock.client.runtime import ClientRuntime
+    from fedflock.data.scenarios import build_federated_data
+    from fedflock.validation import validate
+
+    cfg = validate(small_config())
+    return ClientRuntime(build_federated_data(cfg.data, cfg.seed), cfg.model, cfg.training,
+                         cfg.seed)

@@ -24,7 +24,6 @@ from fedflock.client.task import (
     register_task,
 )
 from fedflock.client.tasks import Select, Train
-from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import (
     message_type,
@@ -33,8 +32,7 @@ from fedflock.engines.flower.codec import (
     task_content,
     tasks_from_message,
 )
-from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import small_config, small_runtime
 
 
 @register_task
@@ -60,9 +58,7 @@ class ClassMeans(Task):
 
 
 def _runtime() -> ClientRuntime:
-    cfg = validate(small_config())
-    return ClientRuntime(build_federated_data(cfg.data, cfg.seed), cfg.model, cfg.training,
-                         cfg.seed)
+    return small_runtime()
 
 
 def test_a_task_defined_outside_the_package_runs_in_every_executor() -> None:

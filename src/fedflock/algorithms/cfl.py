@@ -43,6 +43,12 @@ time they are sampled: they train the waiting model, their update follows the mo
 (one tree level per participation; the update is not averaged, it was computed on another
 model). Clients still waiting after the last round are routed by final tasks.
 
+Members can change cluster (`reselect`, off by default; `algorithms.reselection`, shared with
+incremental clustering): once clusters have settled, a sampled member scores the settled models
+on its own data, once per set of them, and moves to one clearly more accurate if its update
+there agrees with that cluster's last step. A departure from the paper, whose memberships
+change only by splits; not with `update: gradients`.
+
 Merges (`merge_test`, off by default; `algorithms.merging`, shared with incremental clustering):
 two clusters whose models are each other's nearest are probed at each other's model and merged
 when the split test finds one group there. A client routed to a leaf a merge absorbed joins the
@@ -115,6 +121,10 @@ class CFL(MergingAlgorithm):
         if self.params.update == "gradients":
             return Gradient(client, rnd, params)
         return Train(client, rnd, params)
+
+    def reselecting(self) -> bool:
+        """Not with gradients: a re-selecting member trains (`Select`), it sends no gradient."""
+        return self.params.update != "gradients" and super().reselecting()
 
     def _fires(self, watch: SplitWatch, stats: SplitStats) -> bool:
         p = self.params

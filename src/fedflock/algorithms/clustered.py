@@ -66,6 +66,16 @@ class SplitTestParams(AlgorithmParams):
                                   "a window needs (6 merged feature_skew's invert group back on "
                                   "the grid, 12 did not)")
 
+    reselect: bool = Field(False, description="once clusters have settled, a sampled member "
+                           "scores their models on its training data (once per set of them) "
+                           "and moves to one clearly more accurate, if its own serves its "
+                           "other members clearly better and its update agrees with that "
+                           "cluster's members' (algorithms.reselection; incremental: with "
+                           "recheck, whose split test judges a cluster settled)")
+    reselect_level: float = Field(0.001, gt=0, lt=0.5, description="reselect: level of the "
+                                  "binomial test by which another model is clearly more "
+                                  "accurate than the member's own")
+
     @model_validator(mode="after")
     def _votes_within_patience(self) -> SplitTestParams:
         if self.votes is not None and self.votes > self.patience:

@@ -29,13 +29,13 @@ import torch
 from pydantic import BaseModel
 
 from fedflock.algorithms.base import AlgorithmContext, Cluster, Decision
-from fedflock.algorithms.clustered import ClusteredAlgorithm
+from fedflock.algorithms.reselection import ReselectingAlgorithm
 from fedflock.client.task import Reply, Task
 from fedflock.clustering.merge import MergeTests
 from fedflock.clustering.watch import SplitWatches
 
 
-class MergingAlgorithm(ClusteredAlgorithm):
+class MergingAlgorithm(ReselectingAlgorithm):
     """A clustered algorithm with the merge test (its params: `SplitTestParams`; its split
     test's windows: `watches`, built by the subclass)."""
 
@@ -51,11 +51,16 @@ class MergingAlgorithm(ClusteredAlgorithm):
 
     # -- what a subclass says --------------------------------------------------------------
     def probe_ready(self, cluster: Cluster) -> bool:
-        """Whether a cluster may be tested: once its own model has settled, by the test that
-        lets its split windows span rounds (`stable_tol`, on its own rounds). Right after a
-        split both models still move on from their parent's, and probes at a moving model
-        see mostly that shared step: on the grid (seed 0) the invert group CFL had split off a
-        feature_skew cell scored 2.9-3.4 against the rest five rounds later, and merged back."""
+        """Whether a cluster may be tested: once its own model has settled (`settled`). Right
+        after a split both models still move on from their parent's, and probes at a moving
+        model see mostly that shared step: on the grid (seed 0) the invert group CFL had split
+        off a feature_skew cell scored 2.9-3.4 against the rest five rounds later, and merged
+        back."""
+        return self.settled(cluster)
+
+    def settled(self, cluster: Cluster) -> bool:
+        """Whether a cluster's own model has settled, by the test that lets its split windows
+        span rounds (`stable_tol`, on its own rounds)."""
         watch = self.watches.watches.get(cluster.id)
         return watch is not None and watch.stability.stable()
 
@@ -63,6 +68,12 @@ class MergingAlgorithm(ClusteredAlgorithm):
         """After `absorbed` joined `kept`: both clusters' split windows start afresh."""
         for cluster in (kept, absorbed):
             self.watches.drop(cluster.id)
+
+    def left(self, cluster: Cluster, client: int) -> None:
+        """A member that moved away leaves its cluster's open split window."""
+        watch = self.watches.watches.get(cluster.id)
+        if watch is not None:
+            watch.window.forget(client)
 
     def probe_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:
         """A member's training at the partner's model, as its own training task but with

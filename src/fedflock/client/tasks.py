@@ -186,22 +186,45 @@ def model_scores(runtime: ClientRuntime, client: int, models: torch.Tensor) -> t
     return torch.stack(out)
 
 
+def clearly_better(current: float, other: float, samples: int, level: float) -> bool:
+    """Whether a model of training accuracy `other` serves a client clearly better than its
+    current model of accuracy `current`, both scored on its `samples` training samples:
+    Fisher's exact test, one-sided, of the two models' right/wrong counts, below `level`
+    (scale-free; exact at the tens of samples a client may hold, and sane at accuracy 1.0,
+    where a binomial test against `other` would call any single miss significant). The two
+    were scored on the same samples, which the test ignores: when they err on mostly the same
+    samples that makes it conservative, so a client moves for a model that fits its data, not
+    for the noise between two about equally good ones."""
+    from scipy.stats import fisher_exact
+
+    right = [round(current * samples), round(other * samples)]
+    table = [[right[0], samples - right[0]], [right[1], samples - right[1]]]
+    return bool(fisher_exact(table, alternative="less").pvalue < level)
+
+
 @register_task
 @dataclass
 class Select(Task):
     """K models (rows of `models`); the client scores each on its own training data, picks one
     by `criterion` (lowest loss by default, as IFCA) and, when `train`, trains it. Replies with
-    `scores` (K, 2: accuracy, loss), the metric `choice` and the update of the chosen model."""
+    `scores` (K, 2: accuracy, loss), the metric `choice` and the update of the chosen model.
+    With `keep_level`, row 0 is the client's current model, kept unless the criterion's choice
+    is `clearly_better` at that level (a member re-selecting its cluster)."""
 
     kind = "select"
     models: torch.Tensor
     criterion: str = "loss"
     train: bool = True
     epochs: int | None = None
+    keep_level: float | None = None
 
     def run(self, runtime: ClientRuntime) -> Reply:
         scores = model_scores(runtime, self.client, self.models)
         choice = CRITERIA.get(self.criterion)(scores)
+        if self.keep_level is not None and choice and not clearly_better(
+                float(scores[0, 0]), float(scores[choice, 0]),
+                runtime.num_examples(self.client), self.keep_level):
+            choice = 0
         metrics = {"choice": float(choice), "loss": float(scores[choice, 1])}
         tensors = {"scores": scores.to(runtime.dtype)}
         if self.train:

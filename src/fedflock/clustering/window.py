@@ -60,6 +60,11 @@ class UpdateWindow:
         self.updates, self.examples = {}, {}
         return window
 
+    def forget(self, client: int) -> None:
+        """Drop a client's update from the open window (it left the cluster)."""
+        self.updates.pop(client, None)
+        self.examples.pop(client, None)
+
     def state_dict(self) -> dict[str, Any]:
         return {"updates": dict(self.updates), "examples": dict(self.examples)}
 

@@ -39,9 +39,10 @@ per round, an upper bound). Opacus's RDP analysis assumes Poisson sampling; the
 client mechanism's rate-1 accounting needs no sampling assumption.
 
 Only updates are covered (train, gradient and select's training); other client releases are not
-noised: example counts, select's scores and choice (IFCA, incremental), per-sample losses and
-data bases (FedRC, PACFL-style tasks). Under DP a training reply carries no training loss (an
-unnoised statistic of private data) but the public noise std σC.
+noised: example counts, select's scores and choice (IFCA, incremental's placements, CFL's and
+incremental's re-selection), per-sample losses and data bases (FedRC, PACFL-style tasks). Under
+DP a training reply carries no training loss (an unnoised statistic of private data) but the
+public noise std σC.
 """
 
 from __future__ import annotations

@@ -155,7 +155,8 @@ def splits_table(run: RunData) -> str:
 
 
 RULES = {"recheck": "re-examination (split test)",
-         "recluster": "re-examination (Louvain, same-round cosines)"}
+         "recluster": "re-examination (Louvain, same-round cosines)",
+         "reselect": "re-selection (a member moved)"}
 
 
 def decided_by(split: dict[str, Any]) -> str:

@@ -59,8 +59,10 @@ class RunData:
 
     @property
     def split_rounds(self) -> list[int]:
-        """Rounds of the recorded decisions that split a cluster (merges are not splits)."""
-        return [int(s["round"]) for s in self.splits if "round" in s and s.get("kind") != "merge"]
+        """Rounds of the recorded decisions that split a cluster (merges and moves are not
+        splits)."""
+        return [int(s["round"]) for s in self.splits
+                if "round" in s and s.get("kind") not in ("merge", "move")]
 
     @property
     def true_groups(self) -> list[int] | None:
