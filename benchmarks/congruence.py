@@ -18,6 +18,10 @@ of 3 or more groups scored against its groups and against {invert, rest}:
 
     python benchmarks/congruence.py --seed 1 --results benchmarks/results/grid-seed1.jsonl \\
         --acceptance benchmarks/results/grid-congruence.jsonl
+
+A trial's counts: its rows after the defaults' (`--results grid-seed1.jsonl,<trial rows>`)
+and its congruence rows, made from its run folders with `--coarse-from` the defaults' rows
+(the coarse oracle does not depend on the method, so it is not run again).
 """
 
 from __future__ import annotations
@@ -99,16 +103,23 @@ def main() -> None:
     parser.add_argument("--runs", default=None,
                         help="comma-separated grid output folders holding the methods' runs")
     parser.add_argument("--results", required=True,
-                        help="a grid results.jsonl with the cells' fedavg and oracle rows")
+                        help="a grid results.jsonl with the cells' fedavg and oracle rows "
+                        "(comma-separated files: a later file's row of a run replaces an "
+                        "earlier one's, e.g. a trial's rows after the defaults')")
     parser.add_argument("--work", default="runs/congruence")
     parser.add_argument("--out", default=None, help="append one JSON line per cell here")
     parser.add_argument("--acceptance", type=Path, default=None,
                         help="rows of earlier runs of this script: print the acceptance counts")
+    parser.add_argument("--coarse-from", type=Path, default=None,
+                        help="rows of earlier runs of this script: take each cell's coarse "
+                        "oracle from them instead of running it (it does not depend on the "
+                        "methods)")
     args = parser.parse_args()
     # as the grid's rows: a small cell's accuracy moves by points with float rounding alone
     # (mnist-feature_skew-g4-n39, seed 0, coarse oracle: 78.9% on 1 thread, 82.1% on 2)
     torch.set_num_threads(1)
-    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines()]
+    rows = [json.loads(line) for path in args.results.split(",")
+            for line in Path(path).read_text().splitlines()]
     if args.acceptance is not None:
         acceptance(rows, [json.loads(line) for line in
                           args.acceptance.read_text().splitlines()], args.seed)
@@ -119,6 +130,11 @@ def main() -> None:
     work = Path(args.work) / f"seed{args.seed}"
     reference = {(r["cell"], r["algorithm"]): r["accuracy"] for r in rows
                  if r["seed"] == args.seed}
+    unsplit = {(r["cell"], r["algorithm"]) for r in rows
+               if r["seed"] == args.seed and r.get("clusters") == 1}
+    earlier = {} if args.coarse_from is None else {
+        r["cell"]: r["oracle_coarse"] for r in map(json.loads, args.coarse_from.read_text(
+        ).splitlines()) if r.get("seed") == args.seed}
     print("| cell | fedavg | oracle | oracle, invert vs rest | "
           + " | ".join(f"{m}: ARI groups / coarse" for m in METHODS) + " |")
     print("|---|---|---|---|" + "---|" * len(METHODS))
@@ -127,17 +143,25 @@ def main() -> None:
             continue
         found = {m: _summary(runs, cell.name, m, args.seed) for m in METHODS}
         known = [s for s in found.values() if s is not None]
-        if not known or (cell.name, "oracle") not in reference:
+        never_split = all((cell.name, m) in unsplit for m in METHODS) and cell.name in earlier
+        if (not known and not never_split) or (cell.name, "oracle") not in reference:
             print(f"| {cell.name} | (runs missing) |")
             continue
-        groups = np.asarray(known[0]["true_groups"])
-        coarse = (groups == INVERT_GROUP).astype(int)
         row = {"cell": cell.name, "seed": args.seed,
                "fedavg": reference[cell.name, "fedavg"],
-               "oracle": reference[cell.name, "oracle"],
-               "oracle_coarse": coarse_oracle(cell, args.seed, groups, work)}
+               "oracle": reference[cell.name, "oracle"]}
+        if known:
+            groups = np.asarray(known[0]["true_groups"])
+            coarse = (groups == INVERT_GROUP).astype(int)
+        row["oracle_coarse"] = earlier[cell.name] if cell.name in earlier \
+            else coarse_oracle(cell, args.seed, groups, work)
         shown = []
         for method, run in found.items():
+            if run is None and (cell.name, method) in unsplit:  # a row copied from a run
+                row[method] = {"ari": 0.0, "ari_coarse": 0.0, "clusters": 1,  # that never split
+                               "accuracy": reference[cell.name, method]}
+                shown.append(f"0.00 / 0.00 (k 1, {100 * row[method]['accuracy']:.1f}%)")
+                continue
             if run is None:
                 shown.append("–")
                 continue
