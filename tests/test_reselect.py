@@ -172,7 +172,11 @@ def test_no_reselection_when_off_with_gradients_or_with_one_cluster() -> None:
 
 def test_moves_are_decisions_but_not_splits_in_a_report(tmp_path) -> None:
     run = RunData(tmp_path, summary={"splits": [
-        {"kind": "split", "round": 3}, {"kind": "move", "round": 5, "rule": "reselect"},
+        {"kind": "split", "round": 3}, {"kind": "move", "round": 5, "rule": "reselect",
+                                          "accuracy_own": 0.0613, "accuracy_chosen": 0.8234,
+                                          "cosine_to_members": 0.2517},
         {"kind": "merge", "round": 7}]})
     assert run.split_rounds == [3]
-    assert "re-selection" in splits_table(run)
+    table = splits_table(run)
+    assert "re-selection" in table and "at chosen" in table
+    assert all(figure in table for figure in ("0.061", "0.823", "0.252"))

@@ -72,9 +72,9 @@ class SplitTestParams(AlgorithmParams):
                            "other members clearly better and its update agrees with that "
                            "cluster's members' (algorithms.reselection; incremental: with "
                            "recheck, whose split test judges a cluster settled)")
-    reselect_level: float = Field(0.001, gt=0, lt=0.5, description="reselect: level of the "
-                                  "binomial test by which another model is clearly more "
-                                  "accurate than the member's own")
+    reselect_level: float = Field(0.001, gt=0, lt=0.5, description="reselect: level of "
+                                  "Fisher's exact test by which another model is clearly "
+                                  "more accurate than the member's own")
 
     @model_validator(mode="after")
     def _votes_within_patience(self) -> SplitTestParams:

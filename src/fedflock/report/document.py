@@ -146,11 +146,13 @@ def splits_table(run: RunData) -> str:
                          "alpha_intra_min", "alpha_cross_max", "gap", "gamma_max", "gamma_bound",
                          "pseudo_f", "kway_f", "mean_norm", "max_norm", "modularity",
                          "cross_ratio", "apart_ratio", "score_at_kept",
-                         "score_at_absorbed"))])
+                         "score_at_absorbed", "accuracy_own", "accuracy_chosen",
+                         "cosine_to_members"))])
     return _table(["#", "round", "decided by", "cluster → children", "sizes", "α intra min",
                    "α cross max", "gap", "γ max", "γ bound", "pseudo-F (2 parts)",
                    "pseudo-F (best k)", "‖mean Δ‖", "max ‖Δ‖", "modularity", "cross ratio",
-                   "apart ratio (same-round)", "merge: pseudo-F at kept", "at absorbed"],
+                   "apart ratio (same-round)", "merge: pseudo-F at kept", "at absorbed",
+                   "move: accuracy at own", "at chosen", "cosine to its members"],
                   rows)
 
 
