@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from fedflock.experiment import run_experiment
+from fedflock.report.load import splits_a_cluster
 from fedflock.validation import validate
 
 SCENARIOS = ("label_permutation", "label_swap", "rotation", "feature_skew", "iid")
@@ -199,8 +200,7 @@ def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[s
     return {"cell": cell.name, **asdict(cell), "rounds": cell.rounds, "algorithm": algorithm,
             "seed": seed, "accuracy": summary["accuracy"]["mean"], "ari": summary.get("ari"),
             "clusters": summary["num_clusters"],
-            "splits": sum(d.get("kind") not in ("merge", "move")
-                          for d in summary.get("splits", [])),
+            "splits": sum(map(splits_a_cluster, summary.get("splits", []))),
             "merges": sum(d.get("kind") == "merge" for d in summary.get("splits", [])),
             "moves": sum(d.get("kind") == "move" for d in summary.get("splits", [])),
             "seconds": round(time.perf_counter() - start, 1)} | (

@@ -45,9 +45,10 @@ model). Clients still waiting after the last round are routed by final tasks.
 
 Members can change cluster (`reselect`, off by default; `algorithms.reselection`, shared with
 incremental clustering): once clusters have settled, a sampled member scores the settled models
-on its own data, once per set of them, and moves to one clearly more accurate if its update
-there agrees with that cluster's last step. A departure from the paper, whose memberships
-change only by splits; not with `update: gradients`.
+on its own data, once per set of them, and moves to one clearly more accurate if its own
+cluster serves its other members clearly better and its update agrees with the chosen
+cluster's members' of that round. A departure from the paper, whose memberships change only by
+splits; not with `update: gradients`.
 
 Merges (`merge_test`, off by default; `algorithms.merging`, shared with incremental clustering):
 two clusters whose models are each other's nearest are probed at each other's model and merged

@@ -38,8 +38,9 @@ cluster without structure scores about 1 and stays whole.
 
 Members can change cluster (`reselect`, off; `algorithms.reselection`, shared with CFL): once
 clusters have settled, a sampled member scores the settled models on its own data, once per set
-of them, and moves to one clearly more accurate (Fisher's exact test) if its update there
-agrees with that cluster's last step. Louvain's communities come from stale updates and can
+of them, and moves to one clearly more accurate (Fisher's exact test) if its own cluster
+serves its other members clearly better and its update agrees with the chosen cluster's
+members' of that round. Louvain's communities come from stale updates and can
 hold a few clients of another group that no split test would cut off. It costs downlink (the
 settled models, at each re-selection: +21-71% on the README's partial-participation runs) for
 one paying grid cell a held-out seed, so it is off; a departure from the paper.

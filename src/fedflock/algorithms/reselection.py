@@ -127,11 +127,15 @@ class ReselectingAlgorithm(ClusteredAlgorithm):
     # -- moves -----------------------------------------------------------------------------
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         offers, self._offers = self._offers, {}
+        if not offers:  # (re-selection off, or no member asked this round)
+            return super().aggregate_train(rnd, replies)
         for r in replies:  # what each re-selecting member's own cluster model scored
             if offers.get(r.client):
                 self._served[r.client] = (offers[r.client][0], float(r.tensors["scores"][0, 0]))
         movers = {r.client: offers[r.client][r.choice] for r in replies
                   if offers.get(r.client) and r.choice}
+        if not movers:
+            return super().aggregate_train(rnd, replies)
         stayed: dict[int, list[torch.Tensor]] = {}  # cluster -> updates at its model this round
         for r in replies:  # (its members' who trained it: movers and newcomers excluded)
             if r.client not in movers and r.client in self._cluster_of:

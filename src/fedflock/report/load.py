@@ -33,6 +33,15 @@ class SplitMatrix:
     decision: int = 0
 
 
+NOT_SPLITS = ("merge", "move")  # recorded decisions that split no cluster
+
+
+def splits_a_cluster(decision: dict[str, Any]) -> bool:
+    """Whether a recorded decision (an entry of a summary's `splits`) split a cluster: a
+    clustering, a split, a seeding; not a merge, nor a member's move."""
+    return decision.get("kind") not in NOT_SPLITS
+
+
 @dataclass
 class RunData:
     """Everything the report reads from one run directory."""
@@ -61,8 +70,7 @@ class RunData:
     def split_rounds(self) -> list[int]:
         """Rounds of the recorded decisions that split a cluster (merges and moves are not
         splits)."""
-        return [int(s["round"]) for s in self.splits
-                if "round" in s and s.get("kind") not in ("merge", "move")]
+        return [int(s["round"]) for s in self.splits if "round" in s and splits_a_cluster(s)]
 
     @property
     def true_groups(self) -> list[int] | None:
