@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedflock.clustering import ParameterTree, bipartition, minmax_bipartition_reference
-from fedflock.clustering.split_stats import kway_pseudo_f, max_parts, pseudo_f, split_stats
+from fedflock.clustering.split_stats import (
+    fold_small_parts,
+    kway_pseudo_f,
+    max_parts,
+    pseudo_f,
+    split_stats,
+)
 from fedflock.similarity import cosine_matrix, gram_matrix
 
 
@@ -178,6 +184,57 @@ def test_split_stats_on_two_groups_recovers_them() -> None:
         mean = (updates[idx] * w[idx, None]).sum(0) / w[idx].sum()
         gammas += ((updates[idx] - mean).norm(dim=1) / updates[idx].norm(dim=1)).tolist()
     assert math.isclose(stats.gamma_max, max(gammas), rel_tol=1e-7)
+
+
+def _groups_and_outliers(sizes: list[int], outliers: int, spread: float = 1.0, seed: int = 0
+                         ) -> torch.Tensor:
+    """Updates of groups (a shared direction plus `spread` times as much noise each) and of
+    outliers (noise of three times that norm, like a client with noisy inputs)."""
+    rng = np.random.default_rng(seed)
+    directions = rng.normal(size=(len(sizes), 5000))
+    rows = [directions[g] + spread * rng.normal(size=(n, 5000)) for g, n in enumerate(sizes)]
+    return torch.from_numpy(np.vstack([*rows, 3 * rng.normal(size=(outliers, 5000))]))
+
+
+def test_a_cut_folds_its_lone_outliers_into_the_parts_of_their_nearest_members() -> None:
+    updates = _groups_and_outliers([8, 8], 2)
+    sim = cosine_matrix(updates).numpy()
+    stats = split_stats(gram_matrix(updates).numpy(), np.ones(18), sim)
+    assert [17] in stats.kway_parts  # the scored cut sets an outlier apart
+    assert stats.split("kway", "cut") == stats.kway_parts == stats.split("kway", "cut", sim, 1)
+    parts = stats.split("kway", "cut", sim, 2)
+    assert len(parts) == 2 and sorted(i for p in parts for i in p) == list(range(18))
+    assert {frozenset(set(p) & set(range(16))) for p in parts} == {
+        frozenset(range(8)), frozenset(range(8, 16))}  # the groups are whole and apart
+    with pytest.raises(ValueError, match="similarity"):
+        stats.split("kway", "cut", None, 2)
+    # the bipartition (CFL's paper) is made as it is
+    assert stats.split("kway", "two", sim, 2) == list(stats.parts)
+
+
+def test_a_cut_of_one_group_and_its_outliers_folds_back_into_one_part() -> None:
+    updates = _groups_and_outliers([14], 2)
+    sim = cosine_matrix(updates).numpy()
+    stats = split_stats(gram_matrix(updates).numpy(), np.ones(16), sim)
+    assert stats.kway_k == 3 and [14] in stats.kway_parts and [15] in stats.kway_parts
+    assert stats.split("kway", "cut", sim, 2) == [list(range(16))]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 16), st.integers(1, 4))
+def test_folding_keeps_every_member_and_every_large_part(seed: int, n: int, min_part: int
+                                                         ) -> None:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, rng.integers(1, n + 1), size=n)
+    parts = [np.flatnonzero(labels == k).tolist() for k in np.unique(labels)]
+    x = rng.normal(size=(n, 6))
+    sim = x @ x.T
+    folded = fold_small_parts(parts, sim, min_part)
+    assert sorted(i for p in folded for i in p) == list(range(n))
+    large = [p for p in parts if len(p) >= min_part]
+    assert len(folded) == max(1, len(large))
+    assert all(any(set(p) <= set(f) for f in folded) for p in large)
+    assert all(len(f) >= min_part for f in folded) or len(folded) == 1
 
 
 LEFT = torch.tensor([[1.0, 0.1], [0.9, 0.0]])  # the updates a parameter-tree edge keeps

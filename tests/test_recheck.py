@@ -364,3 +364,24 @@ def test_a_run_resumed_in_the_middle_of_merge_tests_merges_as_the_uninterrupted_
         assert all(torch.equal(resumed.model_of(c), algorithm.model_of(c)) for c in range(24))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("min_part_size", [2, 1])
+def test_min_part_size_folds_a_lone_outlier_back_instead_of_a_cluster_of_one(
+        min_part_size: int) -> None:
+    """One group and an outlier (a window's only structure): the best cut sets it apart; at
+    min_part_size 2 CFL folds it back and makes no split, at 1 (the default) a cluster of
+    one member."""
+    from tests.conftest import make_algorithm, update_reply
+    from tests.test_clustering import _groups_and_outliers
+
+    updates = _groups_and_outliers([14], 1, spread=0.5).float()
+    alg = make_algorithm("cfl", 15, updates.shape[1], warmup_rounds=0, patience=1,
+                         min_part_size=min_part_size)
+    out = alg.aggregate_train(1, [update_reply(c, updates[c]) for c in range(15)])
+    if min_part_size == 2:
+        assert alg.clusters() == [list(range(15))] and not alg.decisions
+        assert out["clusters"][0]["lone_parts_only"]  # the round's metrics say why
+    else:
+        assert alg.clusters() == [list(range(14)), [14]]
+        assert alg.decisions[0].figures["kway_f"] > alg.params.f_threshold

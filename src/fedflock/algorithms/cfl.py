@@ -18,7 +18,14 @@ Split rules (`split_rule`):
   cluster then splits into the parts of the cut that scored (`split_into: cut`, default): a
   departure from the paper's recursive bipartition (`split_into: two`), which needs `patience`
   fresh windows per level and, at 5-20% participation, ran out of rounds with 6 of 8 groups
-  found on the scenario grid (README, *Scenario grid*).
+  found on the scenario grid (README, *Scenario grid*). Single linkage leaves a window's
+  outliers as singletons of every cut, and a cut that sets a real group apart may carry them
+  along as clusters of one client each, trained on its data alone and never examined again
+  (grid, `mnist-feature_skew-g5-n135` seed 0 and `-g5-n184` seed 2: 61 + 20 + 1 + 1).
+  `min_part_size: 2` folds such a part into the part of its most similar member (a cut left
+  with one part makes no split; `split_stats.fold_small_parts`). Off by default: a window of
+  a small cluster holds one member of some groups too, and on the grid folding them lost CFL
+  the 7-group cell `digits-label_swap-g7-n39` on every seed (`docs/scenario-grid.md`).
 - `eps`: the paper's rule: mean-update norm < eps1 and max client-update norm > eps2, and the
   split is accepted only if gamma_max < sqrt((1 - alpha_cross_max) / 2).
 Both require a cluster of at least `min_cluster_size` clients (the paper: more than 2), after
@@ -157,12 +164,15 @@ class CFL(MergingAlgorithm):
             return None  # (gamma and alpha describe the bipartition: with the check on, it is made)
         if p.max_clusters is not None and len(self._clusters) >= p.max_clusters:
             return None
-        self.watches.drop(cluster.id)
         members = window.clients
-        positions = stats.split(p.split_statistic, p.split_into)
+        positions = stats.split(p.split_statistic, p.split_into, similarity, p.min_part_size)
         room = None if p.max_clusters is None else p.max_clusters - len(self._clusters) + 1
         if p.split_rule == "eps" or gamma_check or (room is not None and len(positions) > room):
             positions = [list(part) for part in stats.parts]  # the paper's bipartition
+        if len(positions) < 2:
+            diag.update(lone_parts_only=True)  # the cut set only single outliers apart
+            return None
+        self.watches.drop(cluster.id)
         parts = [[members[i] for i in part] for part in positions]
         children = list(range(self._next_id, self._next_id + len(parts)))
         self.param_tree.record_split(

@@ -57,6 +57,11 @@ class SplitTestParams(AlgorithmParams):
         "round's replies form a window when they number this share of what a window needs "
         "(they share one model, so they differ by data, not age); null: full windows only")
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
+    min_part_size: int = Field(
+        1, ge=1, description="split test (split_into cut): fewest window members a part of "
+        "a split holds; a smaller part joins the part of its most similar member, and one "
+        "part left makes no split (1: the cut as scored; 2 on the grid lost CFL the "
+        "7-group cell whose windows hold one member of some groups)")
     merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
                              "model and merge the two when the split test finds no groups "
                              "there (algorithms.merging; off: on the grid it undid the one "

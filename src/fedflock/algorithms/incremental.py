@@ -29,7 +29,8 @@ round under full participation; several only once the cluster's own model has st
 the test above counted on the cluster's own rounds), and each scored by the scale-free pseudo-F
 of the best cut of the min-max merge tree of their cosine matrix (`split_statistic`, as CFL's).
 Above `f_threshold` in `patience` windows in a row (or `votes` of them, the latest among them),
-the cluster splits into that cut (recorded in
+the cluster splits into that cut (parts of fewer than `min_part_size` window members
+folded into their nearest part, as CFL's; off by default) (recorded in
 `splits` with the statistic that decided it, like CFL's); members that sent nothing in the
 deciding window wait with the parent model and are then placed like newcomers, but only among
 the parent's heirs. So an under-split (two groups
@@ -326,7 +327,11 @@ class Incremental(MergingAlgorithm):
                     kway_f=round(found.stats.kway_f, 4), examined=len(held))
         if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold, p.votes):
             return self._recluster(rnd, cluster, replies, diag)
-        positions = found.stats.split(p.split_statistic, p.split_into)
+        positions = found.stats.split(p.split_statistic, p.split_into,
+                                      found.window.similarity, p.min_part_size)
+        if len(positions) < 2:
+            diag.update(lone_parts_only=True)  # the cut set only single outliers apart
+            return self._recluster(rnd, cluster, replies, diag)
         parts = [[held[i] for i in part] for part in positions]
         children = list(range(self._next_id, self._next_id + len(parts)))
         self.record(Decision("split", rnd, cluster.id, children,
