@@ -125,3 +125,15 @@ def small_runtime():
     cfg = validate(small_config())
     return ClientRuntime(build_federated_data(cfg.data, cfg.seed), cfg.model, cfg.training,
                          cfg.seed)
+
+
+def groups_and_outliers(sizes: list[int], outliers: int, spread: float = 1.0, seed: int = 0):
+    """Updates of groups (a shared direction plus `spread` times as much noise each) and of
+    outliers (noise of three times that norm, like a client with noisy inputs)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    directions = rng.normal(size=(len(sizes), 5000))
+    rows = [directions[g] + spread * rng.normal(size=(n, 5000)) for g, n in enumerate(sizes)]
+    return torch.from_numpy(np.vstack([*rows, 3 * rng.normal(size=(outliers, 5000))]))

@@ -19,6 +19,7 @@ from fedflock.clustering.split_stats import (
     split_stats,
 )
 from fedflock.similarity import cosine_matrix, gram_matrix
+from tests.conftest import groups_and_outliers
 
 
 def _random_similarity(m: int, seed: int) -> np.ndarray:
@@ -186,18 +187,8 @@ def test_split_stats_on_two_groups_recovers_them() -> None:
     assert math.isclose(stats.gamma_max, max(gammas), rel_tol=1e-7)
 
 
-def _groups_and_outliers(sizes: list[int], outliers: int, spread: float = 1.0, seed: int = 0
-                         ) -> torch.Tensor:
-    """Updates of groups (a shared direction plus `spread` times as much noise each) and of
-    outliers (noise of three times that norm, like a client with noisy inputs)."""
-    rng = np.random.default_rng(seed)
-    directions = rng.normal(size=(len(sizes), 5000))
-    rows = [directions[g] + spread * rng.normal(size=(n, 5000)) for g, n in enumerate(sizes)]
-    return torch.from_numpy(np.vstack([*rows, 3 * rng.normal(size=(outliers, 5000))]))
-
-
 def test_a_cut_folds_its_lone_outliers_into_the_parts_of_their_nearest_members() -> None:
-    updates = _groups_and_outliers([8, 8], 2)
+    updates = groups_and_outliers([8, 8], 2)
     sim = cosine_matrix(updates).numpy()
     stats = split_stats(gram_matrix(updates).numpy(), np.ones(18), sim)
     assert [17] in stats.kway_parts  # the scored cut sets an outlier apart
@@ -213,7 +204,7 @@ def test_a_cut_folds_its_lone_outliers_into_the_parts_of_their_nearest_members()
 
 
 def test_a_cut_of_one_group_and_its_outliers_folds_back_into_one_part() -> None:
-    updates = _groups_and_outliers([14], 2)
+    updates = groups_and_outliers([14], 2)
     sim = cosine_matrix(updates).numpy()
     stats = split_stats(gram_matrix(updates).numpy(), np.ones(16), sim)
     assert stats.kway_k == 3 and [14] in stats.kway_parts and [15] in stats.kway_parts

@@ -16,7 +16,7 @@ from fedflock.data.scenarios import build_federated_data
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
 from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import groups_and_outliers, make_algorithm, small_config, update_reply
 
 
 def _verdicts(changes: list[float], scale: float) -> list[bool]:
@@ -372,10 +372,7 @@ def test_min_part_size_folds_a_lone_outlier_back_instead_of_a_cluster_of_one(
     """One group and an outlier (a window's only structure): the best cut sets it apart; at
     min_part_size 2 CFL folds it back and makes no split, at 1 (the default) a cluster of
     one member."""
-    from tests.conftest import make_algorithm, update_reply
-    from tests.test_clustering import _groups_and_outliers
-
-    updates = _groups_and_outliers([14], 1, spread=0.5).float()
+    updates = groups_and_outliers([14], 1, spread=0.5).float()
     alg = make_algorithm("cfl", 15, updates.shape[1], warmup_rounds=0, patience=1,
                          min_part_size=min_part_size)
     out = alg.aggregate_train(1, [update_reply(c, updates[c]) for c in range(15)])
