@@ -57,12 +57,8 @@ class ClassMeans(Task):
         super().check(reply)
 
 
-def _runtime() -> ClientRuntime:
-    return small_runtime()
-
-
 def test_a_task_defined_outside_the_package_runs_in_every_executor() -> None:
-    runtime = _runtime()
+    runtime = small_runtime()
     tasks = [ClassMeans(c, 1, torch.tensor([0, 3]), scale=2.0) for c in range(runtime.num_clients)]
     expected = [t.run(runtime) for t in tasks]
     for name in ("sequential", "processes", "batched"):
@@ -89,7 +85,7 @@ def test_a_new_task_round_trips_through_the_flower_codec_and_clientapp(tmp_path:
     answer = app(message, context)  # the ClientApp's one generic handler
     (reply,) = replies_from_message(answer, 2, 1)
     task.check(reply)
-    local = task.run(_runtime())
+    local = task.run(small_runtime())
     assert torch.equal(reply.tensors["means"], local.tensors["means"])
     assert reply.metrics == {"classes": 3.0} and reply.num_examples == local.num_examples
     # and the reply encoding is the inverse of the decoding
@@ -106,7 +102,7 @@ def test_a_new_task_round_trips_through_the_flower_codec_and_clientapp(tmp_path:
     (lambda r: Reply(r.client, r.tensors, {"loss": float("inf")}, r.num_examples), "finite"),
 ])
 def test_train_check_refuses_malformed_replies(corrupt, reason: str) -> None:
-    runtime = _runtime()
+    runtime = small_runtime()
     task = Train(0, 1, runtime.initial_params())
     good = task.run(runtime)
     task.check(good)
@@ -115,7 +111,7 @@ def test_train_check_refuses_malformed_replies(corrupt, reason: str) -> None:
 
 
 def test_select_check_refuses_a_choice_outside_the_models() -> None:
-    runtime = _runtime()
+    runtime = small_runtime()
     start = runtime.initial_params()
     task = Select(0, 1, torch.stack([start, start * 0.5]))
     good = task.run(runtime)

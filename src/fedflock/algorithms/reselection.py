@@ -99,7 +99,7 @@ class ReselectingAlgorithm(ClusteredAlgorithm):
             return tasks
         key = tuple(c.id for c in settled)
         return [self._reselect_task(t, settled, key) if type(t) is Train
-                and t.client not in self._unplaced and self._cluster_of[t.client] in settled
+                and t.client not in self._unplaced and self._cluster_of[t.client].id in key
                 and self._reselected.get(t.client) != key else t for t in tasks]
 
     def _reselect_task(self, task: Train, settled: list[Cluster], key: tuple[int, ...]
