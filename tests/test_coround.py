@@ -174,7 +174,7 @@ def test_a_run_whose_first_clustering_found_nothing_is_reclustered_and_reported(
     monkeypatch.setattr(incremental, "merge_close", lambda _, parts, __: [
         sorted(c for part in parts for c in part)])
     raw = small_config(**PARTIAL, algorithm={"name": "incremental", "recluster": True,
-                                             "f_threshold": 1e9})
+                                             "f_threshold": 1e9, "cluster_when": "settled"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
     splits = summary["splits"]
     assert splits and all(s["rule"] == "recluster" for s in splits)

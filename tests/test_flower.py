@@ -136,7 +136,7 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
 # test's probes travel as side tasks in the messages of their clients' training (and evaluation).
 PARTIAL = {"rounds": 6, "eval_every": 6, "data.clients": 8, "data.samples_per_client": 80,
            "algorithm.name": "incremental", "algorithm.merge_test": True,
-           "algorithm.warmup_rounds": 2,
+           "algorithm.cluster_when": "settled", "algorithm.warmup_rounds": 2,
            "algorithm.patience": 1, "algorithm.cluster_round": 2, "algorithm.min_coverage": 0.0,
            "algorithm.placement_delay": 1, "participation.count": 4,
            "attack.kind": "sign_flip", "attack.fraction": 0.25}

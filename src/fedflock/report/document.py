@@ -163,13 +163,14 @@ RULES = {"recheck": "re-examination (split test)",
 
 def decided_by(split: dict[str, Any]) -> str:
     """What made a recorded decision: incremental clustering's Louvain communities (its
-    modularity and cross ratio), a re-examination (its split test, or Louvain on same-round
-    cosines), CFL's split test, or the decision's own kind (DistFL's clustering, IFCA's
-    seeding)."""
+    modularity and cross ratio; the split test's score when it timed them), a
+    re-examination (its split test, or Louvain on same-round cosines), CFL's split test, or
+    the decision's own kind (DistFL's clustering, IFCA's seeding)."""
     if split.get("rule") in RULES:
         return RULES[split["rule"]]
     if "modularity" in split:
-        return "Louvain communities"
+        return "Louvain communities" + (", once the split test found groups"
+                                        if split.get("when") == "groups" else "")
     if split.get("kind") == "split":
         return "split test"
     return str(split.get("kind", "–"))
