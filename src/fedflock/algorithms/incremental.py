@@ -148,7 +148,7 @@ class IncrementalParams(SplitTestParams):
     min_coverage: float = Field(0.25, ge=0, le=1, description="share of clients seen before "
                                 "clustering")
     cluster_round: int | None = Field(None, ge=1, description="cluster at this round, "
-                                      "whatever the stabilisation test says")
+                                      "whatever cluster_when says")
     resolution: float = Field(1.0, gt=0, description="Louvain resolution")
     max_cross_ratio: float = Field(0.25, gt=0, le=1, description="communities whose mean "
                                    "between/within edge-weight ratio exceeds this are merged")
