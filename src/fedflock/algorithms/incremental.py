@@ -118,7 +118,7 @@ from fedflock.clustering.communities import (
 from fedflock.clustering.coround import MAX_MEMBERS, SameRoundCosines, louvain_split
 from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
-from fedflock.clustering.watch import SplitWatches
+from fedflock.clustering.watch import Examination, SplitWatches
 from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
 
 SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
@@ -215,7 +215,8 @@ class Incremental(MergingAlgorithm):
         self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage,
                                     p.min_cluster_size, p.same_round_share)
         self.clustered_round: int | None = None
-        self.groups_found = False  # the global model's split test fired (cluster_when groups)
+        self.groups_score: float | None = None  # the window that fired the global model's
+        # split test (cluster_when groups): its score, recorded with the clustering
         self.most_replies = 0  # the most replies a round has brought before clustering
         self._offered: dict[int, list[int]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
@@ -271,7 +272,7 @@ class Incremental(MergingAlgorithm):
         if len(self.store) < p.min_coverage * self.num_clients:
             return None
         if p.cluster_when == "groups" and self.most_replies >= 2:
-            return "groups" if self.groups_found else None
+            return "groups" if self.groups_score is not None else None
         return "settled" if rnd >= p.warmup_rounds and self.stability.stable() else None
 
     def _cluster(self, rnd: int, out: dict[str, Any], why: str) -> None:
@@ -303,7 +304,9 @@ class Incremental(MergingAlgorithm):
                              {"modularity": round(modularity(weights, merged), 4),
                               "cross_ratio": round(cross_ratio(means(merged), merged), 4),
                               "unseen": self.num_clients - len(seen), "when": why,
-                              **self._groups_figures(why, parent.id)},
+                              **({SCORE_FIGURE[p.split_statistic]: round(self.groups_score, 4)}
+                                 if why == "groups" and self.groups_score is not None
+                                 else {})},
                              matrix))
         self.store.release()
 
@@ -343,21 +346,17 @@ class Incremental(MergingAlgorithm):
                   diag: dict[str, Any]) -> list[list[int]] | None:
         p = self.params
         if self.clustered_round is None:
-            if p.cluster_when == "groups":
-                self._look_for_groups(cluster, replies, diag)
+            if p.cluster_when == "groups":  # tested on until clustering (coverage may lag)
+                found = self._split_test(cluster, replies, diag)
+                if found is not None and self.groups_score is None:
+                    self.groups_score = found.stats.score(p.split_statistic)
             return None
         if not p.recheck or len(cluster.members) < p.min_cluster_size:
             return None
-        watch = self.watches[cluster.id]
-        found = self.watches.examine(cluster.id, cluster.members, cluster.params, replies,
-                                     self.update_size)
+        found = self._split_test(cluster, replies, diag)
         if found is None:
             return self._recluster(rnd, cluster, replies, diag)
         held = found.window.clients
-        diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
-                    kway_f=round(found.stats.kway_f, 4), examined=len(held))
-        if not watch.fires(found.stats.score(p.split_statistic), p.f_threshold, p.votes):
-            return self._recluster(rnd, cluster, replies, diag)
         positions = found.stats.split(p.split_statistic, p.split_into,
                                       found.window.similarity, p.min_part_size)
         if len(positions) < 2:
@@ -372,26 +371,20 @@ class Incremental(MergingAlgorithm):
         self._split(cluster, children)
         return parts
 
-    def _look_for_groups(self, cluster: Cluster, replies: list[Reply],
-                         diag: dict[str, Any]) -> None:
-        """Before clustering: the split test on the global model's windows (`cluster_when`)."""
+    def _split_test(self, cluster: Cluster, replies: list[Reply], diag: dict[str, Any]
+                    ) -> Examination | None:
+        """This round's replies into the cluster's split test (`clustering.watch`); the closed
+        window's examination when the test fires, else None. Before clustering it runs on the
+        global model (`cluster_when`), after it on each cluster (`recheck`)."""
         p = self.params
         found = self.watches.examine(cluster.id, cluster.members, cluster.params, replies,
                                      self.update_size)
         if found is None:
-            return
+            return None
         diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
                     kway_f=round(found.stats.kway_f, 4), examined=len(found.window.clients))
-        if self.watches[cluster.id].fires(found.stats.score(p.split_statistic), p.f_threshold,
-                                          p.votes):
-            self.groups_found = True
-
-    def _groups_figures(self, why: str, global_id: int) -> dict[str, Any]:
-        """The split test's last score, when it is what decided to cluster."""
-        if why != "groups":
-            return {}
-        return {SCORE_FIGURE[self.params.split_statistic]:
-                round(self.watches[global_id].scores[-1], 4)}
+        score = found.stats.score(p.split_statistic)
+        return found if self.watches[cluster.id].fires(score, p.f_threshold, p.votes) else None
 
     def _split(self, cluster: Cluster, children: list[int]) -> None:
         self.watches.drop(cluster.id)
@@ -500,7 +493,7 @@ class Incremental(MergingAlgorithm):
         return super().state_dict() | {
             "store": self.store.state_dict(), "changes": self.stability.changes,
             "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
-            "groups_found": self.groups_found, "most_replies": self.most_replies,
+            "groups_score": self.groups_score, "most_replies": self.most_replies,
             "children": self.children,
             "watches": self.watches.state_dict(),
             "coround": {k: v.state_dict() for k, v in self.coround.items()}}
@@ -510,7 +503,7 @@ class Incremental(MergingAlgorithm):
         self.store = IncrementalSimilarity.from_state(state["store"])
         self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
-        self.groups_found = state.get("groups_found", False)
+        self.groups_score = state.get("groups_score")
         self.most_replies = state.get("most_replies", 0)
         self.trained_rounds = {int(k): v for k, v in state.get("trained_rounds", {}).items()}
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}
