@@ -70,6 +70,28 @@ def test_groups_found_before_coverage_wait_for_it_across_a_checkpoint() -> None:
     resumed = make_algorithm("incremental", 20, SIZE, patience=3, min_coverage=1.0)
     resumed.load_state_dict(_through_a_checkpoint_file(alg.state_dict()))
     assert resumed.groups_score == alg.groups_score and resumed.most_replies == 18
+    assert resumed.group_cuts == alg.group_cuts and len(alg.group_cuts) == 3  # the evidence
     _round(resumed, 4, [3, 18, 19], gen, groups=True)
     assert resumed.clustered_round == 4
     assert sorted(map(sorted, resumed.clusters())) == [list(range(10)), list(range(10, 20))]
+
+
+def test_groups_the_stored_updates_blur_are_kept_apart_by_the_windows_that_found_them() -> None:
+    """4 groups in 2 pairs: a group's update is its pair's direction plus its own (cosine 0.67
+    within a pair). The ratio test lumps each pair; the same-round windows the split test fired
+    on cut all four apart, and that evidence keeps them apart. Clustered at the same round by
+    `cluster_round` instead (no window cuts), the pairs stay lumped."""
+    pair, own = torch.eye(SIZE)[:2], torch.eye(SIZE)[2:6]
+
+    def play(**params: object) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(3)
+        alg = make_algorithm("incremental", 20, SIZE, patience=3, min_coverage=0.0, **params)
+        for rnd in range(1, 4):
+            alg.aggregate_train(rnd, [update_reply(c, pair[c // 10] + 0.7 * own[c // 5]
+                                                   + 0.05 * torch.randn(SIZE, generator=gen))
+                                      for c in range(20)])
+        assert alg.clustered_round == 3
+        return sorted(map(sorted, alg.clusters()))
+
+    assert play() == [list(range(g * 5, g * 5 + 5)) for g in range(4)]
+    assert play(cluster_when="settled", cluster_round=3) == [list(range(10)), list(range(10, 20))]

@@ -12,7 +12,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.clustering.communities import affinity, louvain, merge_close, modularity
+from fedflock.clustering.communities import (
+    affinity,
+    block_means,
+    louvain,
+    merge_close,
+    modularity,
+    nested_communities,
+    separated_share,
+)
 from fedflock.experiment import run_experiment, without_timings
 from fedflock.similarity.incremental import IncrementalSimilarity
 from fedflock.validation import validate
@@ -148,6 +156,64 @@ def test_merge_close_rejoins_a_cut_cloud_and_keeps_isolated_clients_apart() -> N
     blocks, _ = _blocks([10, 7, 5], inside=0.6, across=-0.2)
     found = louvain(affinity(blocks, True)).parts
     assert merge_close(affinity(blocks, True), found, 0.25) == found
+
+
+def _paired_blocks(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """8 groups of 5 in 4 pairs: cosine 0.65 within a group, 0.12 to its pair, -0.2 else."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(8), 5)
+    pair = labels[:, None] // 2 == labels[None, :] // 2
+    sim = np.where(labels[:, None] == labels[None, :], 0.65, np.where(pair, 0.12, -0.2))
+    sim = sim + rng.normal(0, 0.05, sim.shape)
+    return (sim + sim.T) / 2, labels
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_nested_communities_part_the_small_groups_that_modularity_lumps_in_pairs(
+        seed: int) -> None:
+    sim, labels = _paired_blocks(seed)
+    weights = affinity(sim, True)
+    truth = sorted(np.flatnonzero(labels == g).tolist() for g in range(8))
+    pairs = sorted(np.flatnonzero(labels // 2 == g).tolist() for g in range(4))
+    means = lambda parts: block_means(weights, parts)  # noqa: E731
+    # resolution limit: at resolution 1 each pair is one community, and merge_close keeps them
+    assert sorted(merge_close(means, louvain(weights).parts, 0.25)) == pairs
+    first, parts = nested_communities(weights, means, 0.25)
+    assert sorted(map(sorted, first.parts)) == pairs
+    assert sorted(parts) == truth and [len(p) for p in parts] == [5] * 8
+
+
+def test_separated_share_counts_the_pairs_a_cut_sets_apart_among_those_it_holds() -> None:
+    cuts = [[[1, 2], [3, 4]], [[1, 3], [2], [9]]]
+    assert separated_share(cuts, [1, 2], [3, 4]) == pytest.approx((4 + 1) / (4 + 2))
+    assert separated_share(cuts, [1], [2]) == pytest.approx(1 / 2)
+    assert separated_share(cuts, [1, 2], [5, 6]) is None  # no cut holds 5 or 6
+
+
+def test_nested_communities_take_the_callers_evidence_over_the_ratio_test() -> None:
+    sim, labels = _paired_blocks(0)
+    sim = np.where((labels[:, None] // 2 == labels[None, :] // 2) & (
+        labels[:, None] != labels[None, :]), 0.3, sim)  # pairs closer: ratio 0.46, lumped
+    weights = affinity(sim, True)
+    means = lambda parts: block_means(weights, parts)  # noqa: E731
+    truth = sorted(np.flatnonzero(labels == g).tolist() for g in range(8))
+    pairs = sorted(np.flatnonzero(labels // 2 == g).tolist() for g in range(4))
+    assert sorted(nested_communities(weights, means, 0.25)[1]) == pairs
+    by_group = lambda a, b: set(labels[a]).isdisjoint(labels[b])  # noqa: E731
+    assert sorted(nested_communities(weights, means, 0.25, apart=by_group)[1]) == truth
+    silent = lambda a, b: None  # noqa: E731  (no evidence: the ratio test decides)
+    assert sorted(nested_communities(weights, means, 0.25, apart=silent)[1]) == pairs
+
+
+def test_nested_communities_leave_a_uniform_cloud_whole_and_stop_at_tight_groups() -> None:
+    sim, _ = _blocks([40], inside=0.04, across=0.04, seed=4)
+    weights = affinity(sim, True)
+    means = lambda parts: block_means(weights, parts)  # noqa: E731
+    assert nested_communities(weights, means, 0.25)[1] == [list(range(40))]
+    blocks, labels = _blocks([10, 7, 5], inside=0.6, across=-0.2)
+    weights = affinity(blocks, True)
+    parts = nested_communities(weights, lambda p: block_means(weights, p), 0.25)[1]
+    assert parts == [np.flatnonzero(labels == g).tolist() for g in range(3)]
 
 
 def test_a_graph_without_edges_is_one_community() -> None:

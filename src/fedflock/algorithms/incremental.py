@@ -31,8 +31,21 @@ rest says. Louvain always returns
 some partition, so communities that are not really apart are merged back (`merge_close`): two
 stay apart only while the mean edge weight between them is at most `max_cross_ratio` times the
 mean weight within them (measured: 0.45-0.55 for IID clients whose stale updates Louvain cut by
-age, below 0.06 for true groups and attackers). If one community remains, FedAvg goes on
-(and the split test below keeps examining it).
+age, below 0.06 for true groups and attackers). Each community is then partitioned again on
+its own subgraph (`nested_communities`, a departure from the paper, which runs Louvain once):
+modularity at resolution 1 joins two communities whenever the weight between them exceeds
+what the whole graph's mean weight predicts, so many small groups come out lumped in pairs
+(on the grid, 7 label-swap groups of ~5 clients gave 5 or 6 communities). Two parts of a
+community stay apart when the windows the split test fired on (their cuts, as client ids:
+`group_cuts`) set most pairs of their members apart, among the pairs a window held; where no
+window held a member of each (or without windows: `cluster_when: settled`), when the ratio
+test above keeps them apart. Why the windows: their updates were computed at one model and
+differ by data, while the stored ones differ by age too, and on the grid no ratio told the
+two apart (the clustering rounds' graphs, seeds 0-2: label groups Louvain lumped 0.11-0.58,
+Louvain's cuts within one group 0.46-0.95), while the windows set apart none of the pairs of
+any cut within a group (37 cuts) and most of those of 11 of 17 lumped label-group pairs
+(seed 0's 12 probed cells and `digits-label_swap-g7-n39`; the other 6 stay lumped, as before).
+If one community remains, FedAvg goes on (and the split test below keeps examining it).
 
 Clustering is not final (`recheck`, on by default). Every cluster, the single one included
 when Louvain found no groups, keeps being examined on what its members already send, by the
@@ -91,6 +104,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from itertools import pairwise
 from typing import Any, Literal
 
@@ -111,9 +125,9 @@ from fedflock.clustering.communities import (
     cross_ratio,
     knn_affinity,
     knn_scale,
-    louvain,
-    merge_close,
     modularity,
+    nested_communities,
+    separated_share,
 )
 from fedflock.clustering.coround import MAX_MEMBERS, SameRoundCosines, louvain_split
 from fedflock.clustering.split_stats import SCORE_FIGURE
@@ -217,6 +231,9 @@ class Incremental(MergingAlgorithm):
         self.clustered_round: int | None = None
         self.groups_score: float | None = None  # the window that fired the global model's
         # split test (cluster_when groups): its score, recorded with the clustering
+        self._recent_cuts: deque[list[list[int]]] = deque(maxlen=self.params.patience)
+        self.group_cuts: list[list[list[int]]] = []  # the cuts (client ids) of the windows the
+        # test fired on: the evidence that keeps apart parts of a Louvain community
         self.most_replies = 0  # the most replies a round has brought before clustering
         self._offered: dict[int, list[int]] = {}
         self.children: dict[int, list[int]] = {}  # cluster -> the parts it split into (recheck)
@@ -279,8 +296,9 @@ class Incremental(MergingAlgorithm):
         p = self.params
         t0 = time.perf_counter()
         clients, weights, means, matrix = self._graph()
-        found = louvain(weights, p.resolution, seed=0, backend=p.backend)
-        merged = merge_close(means, found.parts, p.max_cross_ratio)
+        found, merged = nested_communities(weights, means, p.max_cross_ratio, p.resolution,
+                                           seed=0, backend=p.backend,
+                                           apart=self._windows_apart(clients))
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustered=why, clustering_seconds=round(seconds, 4),
@@ -309,6 +327,18 @@ class Incremental(MergingAlgorithm):
                                  else {})},
                              matrix))
         self.store.release()
+
+    def _windows_apart(self, clients: list[int]) -> Any:
+        """Whether two parts of a Louvain community (rows of `clients`) stay apart: when the
+        windows the split test fired on set most of their members' pairs in different parts
+        of their cuts (None: no window held a member of each, or none fired)."""
+        cuts = self.group_cuts
+
+        def apart(a: list[int], b: list[int]) -> bool | None:
+            share = separated_share(cuts, [clients[i] for i in a], [clients[i] for i in b])
+            return None if share is None else share > 0.5
+
+        return apart if cuts else None
 
     def _graph(self) -> tuple[list[int], Any, Any, tuple[list[int], Any] | None]:
         """(clients seen, their graph, the `block_means` of a partition of them, the matrix
@@ -350,6 +380,7 @@ class Incremental(MergingAlgorithm):
                 found = self._split_test(cluster, replies, diag)
                 if found is not None and self.groups_score is None:
                     self.groups_score = found.stats.score(p.split_statistic)
+                    self.group_cuts = list(self._recent_cuts)
             return None
         if not p.recheck or len(cluster.members) < p.min_cluster_size:
             return None
@@ -383,6 +414,10 @@ class Incremental(MergingAlgorithm):
             return None
         diag.update(pseudo_f=round(found.stats.pseudo_f, 4),
                     kway_f=round(found.stats.kway_f, 4), examined=len(found.window.clients))
+        if self.clustered_round is None:  # the global model's: kept for `_cluster`
+            held = found.window.clients
+            self._recent_cuts.append([[held[i] for i in part] for part in found.stats.split(
+                p.split_statistic, p.split_into, found.window.similarity, p.min_part_size)])
         score = found.stats.score(p.split_statistic)
         return found if self.watches[cluster.id].fires(score, p.f_threshold, p.votes) else None
 
@@ -494,6 +529,7 @@ class Incremental(MergingAlgorithm):
             "store": self.store.state_dict(), "changes": self.stability.changes,
             "clustered_round": self.clustered_round, "trained_rounds": self.trained_rounds,
             "groups_score": self.groups_score, "most_replies": self.most_replies,
+            "recent_cuts": list(self._recent_cuts), "group_cuts": self.group_cuts,
             "children": self.children,
             "watches": self.watches.state_dict(),
             "coround": {k: v.state_dict() for k, v in self.coround.items()}}
@@ -504,6 +540,8 @@ class Incremental(MergingAlgorithm):
         self.stability.changes = list(state["changes"])
         self.clustered_round = state["clustered_round"]
         self.groups_score = state.get("groups_score")
+        self._recent_cuts = deque(state.get("recent_cuts", []), maxlen=self.params.patience)
+        self.group_cuts = state.get("group_cuts", [])
         self.most_replies = state.get("most_replies", 0)
         self.trained_rounds = {int(k): v for k, v in state.get("trained_rounds", {}).items()}
         self.children = {int(k): list(v) for k, v in state.get("children", {}).items()}

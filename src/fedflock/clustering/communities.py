@@ -11,6 +11,14 @@ A graph is a dense (n, n) array or, for many clients, a SciPy sparse array: the 
 neighbour graph (`knn_affinity`) of the neighbour lists the incremental store keeps instead of
 its n x n matrix. Louvain, modularity, `block_means` and `merge_close` take either; `affinity`
 builds a dense graph, `knn_affinity` a sparse one; `cross_ratio` reads `block_means`.
+
+Modularity has a resolution limit (Fortunato and Barthelemy 2007): it joins two communities
+whenever the weight between them exceeds what the whole graph's mean weight predicts, so many
+small groups get lumped in pairs (7 label-swap groups of 5 clients: 5 communities at
+resolution 1). `nested_communities` therefore partitions each community again on its own
+subgraph, whose null model is the community's own, and keeps two of its parts apart only on
+evidence: a caller's `apart` test (incremental clustering: the split test's cuts of
+same-round updates, `separated_share`), else `merge_close`'s ratio. No resolution to tune.
 """
 
 from __future__ import annotations
@@ -225,3 +233,80 @@ def louvain(weights: Any, resolution: float = 1.0, seed: int = 0,
     parts = sorted((sorted(c) for c in found), key=lambda p: (-len(p), p[0]))
     return Communities(parts, modularity(weights, parts, resolution),
                        cross_ratio(block_means(weights, parts), parts))
+
+
+def _subgraph(weights: Any, rows: list[int]) -> Any:
+    """The graph among `rows` (dense or sparse)."""
+    from scipy import sparse
+
+    if sparse.issparse(weights):
+        return sparse.csr_array(weights)[rows][:, rows]
+    return weights[np.ix_(rows, rows)]
+
+
+def separated_share(cuts: list[list[list[int]]], a: list[int], b: list[int]) -> float | None:
+    """The share of pairs (one member of `a`, one of `b`, both in one cut) that the cut sets
+    in different parts, over all `cuts` (each a list of parts of client ids); None when no cut
+    holds a member of each."""
+    separated = pairs = 0
+    for cut in cuts:
+        part_of = {c: k for k, part in enumerate(cut) for c in part}
+        left = [part_of[c] for c in a if c in part_of]
+        right = [part_of[c] for c in b if c in part_of]
+        pairs += len(left) * len(right)
+        separated += sum(x != y for x in left for y in right)
+    return separated / pairs if pairs else None
+
+
+def _join_together(parts: list[list[int]], apart: Callable[[list[int], list[int]], bool]
+                   ) -> list[list[int]]:
+    """`parts` with every two not `apart` joined (and so on transitively)."""
+    owner = list(range(len(parts)))
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            i = owner[i]
+        return i
+
+    for i in range(len(parts)):
+        for j in range(i + 1, len(parts)):
+            if not apart(parts[i], parts[j]):
+                owner[root(j)] = root(i)
+    joined: dict[int, list[int]] = {}
+    for i, part in enumerate(parts):
+        joined.setdefault(root(i), []).extend(part)
+    return [sorted(p) for p in joined.values()]
+
+
+def nested_communities(weights: Any, means: Callable[[list[list[int]]], np.ndarray],
+                       max_ratio: float, resolution: float = 1.0, seed: int = 0,
+                       backend: str = "igraph",
+                       apart: Callable[[list[int], list[int]], bool | None] | None = None
+                       ) -> tuple[Communities, list[list[int]]]:
+    """Louvain communities kept apart by `merge_close` (with `means`, the `block_means` of a
+    partition of the whole graph), each partitioned again on its own subgraph until none holds
+    parts kept apart (see the module doc: modularity's resolution limit). Two parts of a
+    community stay apart when `apart(a, b)` says so, or, where it has no evidence (None) or is
+    not given, when `merge_close`'s ratio test keeps them apart; parts not kept apart are
+    joined. Returns the first level's `Communities` and the final parts, largest first."""
+    first = louvain(weights, resolution, seed, backend)
+    todo = merge_close(means, first.parts, max_ratio)
+    final: list[list[int]] = []
+
+    def kept_apart(a: list[int], b: list[int]) -> bool:
+        verdict = None if apart is None else apart(a, b)
+        if verdict is not None:
+            return verdict
+        return len(merge_close(means, [a, b], max_ratio)) == 2
+
+    while todo:
+        part = todo.pop()
+        inner = louvain(_subgraph(weights, part), resolution, seed, backend).parts if len(
+            part) > 2 else [list(range(len(part)))]
+        pieces = [part] if len(inner) < 2 else _join_together(
+            [[part[i] for i in p] for p in inner], kept_apart)
+        if len(pieces) > 1:
+            todo.extend(pieces)
+        else:
+            final.append(sorted(part))
+    return first, sorted(final, key=lambda p: (-len(p), p[0]))
