@@ -173,9 +173,15 @@ PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_incremental_repairs_an_under_split_by_later_splits(tmp_path: Path) -> None:
-    # max_cross_ratio so small that every Louvain community is merged back: one cluster
-    raw = small_config(**PARTIAL, algorithm={"name": "incremental", "max_cross_ratio": 1e-3})
+def test_incremental_repairs_an_under_split_by_later_splits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedflock.algorithms import incremental
+    from fedflock.clustering.communities import louvain
+
+    # the first clustering forced to find one community (the windows' evidence would part it)
+    monkeypatch.setattr(incremental, "nested_communities", lambda weights, *_, **__: (
+        louvain(weights), [list(range(weights.shape[0]))]))
+    raw = small_config(**PARTIAL, algorithm={"name": "incremental"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
     splits = summary["splits"]  # Louvain's communities were merged into one: no split there
     assert splits and all(s["rule"] == "recheck" for s in splits)

@@ -43,8 +43,9 @@ test above keeps them apart. Why the windows: their updates were computed at one
 differ by data, while the stored ones differ by age too, and on the grid no ratio told the
 two apart (the clustering rounds' graphs, seeds 0-2: label groups Louvain lumped 0.11-0.58,
 Louvain's cuts within one group 0.46-0.95), while the windows set apart none of the pairs of
-any cut within a group (37 cuts) and most of those of 11 of 17 lumped label-group pairs
-(seed 0's 12 probed cells and `digits-label_swap-g7-n39`; the other 6 stay lumped, as before).
+any cut within a group (37 cuts) and most of those of 15 of 21 lumped label-group pairs
+(12 probed seed-0 cells and `digits-label_swap-g7-n39` on seeds 0-2; the other 6 stay
+lumped, as before).
 If one community remains, FedAvg goes on (and the split test below keeps examining it).
 
 Clustering is not final (`recheck`, on by default). Every cluster, the single one included
@@ -165,7 +166,9 @@ class IncrementalParams(SplitTestParams):
                                       "whatever cluster_when says")
     resolution: float = Field(1.0, gt=0, description="Louvain resolution")
     max_cross_ratio: float = Field(0.25, gt=0, le=1, description="communities whose mean "
-                                   "between/within edge-weight ratio exceeds this are merged")
+                                   "between/within edge-weight ratio exceeds this are merged "
+                                   "(within a community, the split test's windows decide "
+                                   "where they hold members of both parts)")
     backend: Literal["igraph", "networkx"] = Field("igraph", description="Louvain "
                                                    "implementation")
     placement_delay: int = Field(3, ge=0, description="rounds every cluster trains before "
