@@ -106,6 +106,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Any, Literal
 
@@ -331,7 +332,8 @@ class Incremental(MergingAlgorithm):
                              matrix))
         self.store.release()
 
-    def _windows_apart(self, clients: list[int]) -> Any:
+    def _windows_apart(self, clients: list[int]
+                       ) -> Callable[[list[int], list[int]], bool | None] | None:
         """Whether two parts of a Louvain community (rows of `clients`) stay apart: when the
         windows the split test fired on set most of their members' pairs in different parts
         of their cuts (None: no window held a member of each, or none fired)."""
