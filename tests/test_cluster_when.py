@@ -91,6 +91,7 @@ def test_groups_the_stored_updates_blur_are_kept_apart_by_the_windows_that_found
                                                    + 0.05 * torch.randn(SIZE, generator=gen))
                                       for c in range(20)])
         assert alg.clustered_round == 3
+        assert alg.decisions[0].figures["one_level"] == 2  # Louvain + the ratio test: pairs
         return sorted(map(sorted, alg.clusters()))
 
     assert play() == [list(range(g * 5, g * 5 + 5)) for g in range(4)]

@@ -170,10 +170,10 @@ def test_a_run_whose_first_clustering_found_nothing_is_reclustered_and_reported(
     split windows out of reach: recluster alone finds the four groups of a partial-
     participation run, and the report draws and names its decisions."""
     from fedflock.algorithms import incremental
-    from fedflock.clustering.communities import louvain
+    from fedflock.clustering.communities import NestedCommunities, louvain
 
     monkeypatch.setattr(incremental, "nested_communities", lambda weights, *_, **__: (
-        louvain(weights), [list(range(weights.shape[0]))]))
+        NestedCommunities(louvain(weights), *[[list(range(weights.shape[0]))]] * 2)))
     raw = small_config(**PARTIAL, algorithm={"name": "incremental", "recluster": True,
                                              "f_threshold": 1e9, "cluster_when": "settled"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)

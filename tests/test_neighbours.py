@@ -94,7 +94,7 @@ def test_the_knn_graph_finds_the_blocks_and_the_sampled_merge_test_agrees_with_t
     assert matrix is None and graph.nnz <= 2 * 12 * len(points) and (graph != graph.T).nnz == 0
     found = louvain(graph)
     assert sorted(merge_close(means, found.parts, 0.25)) == truth
-    assert sorted(nested_communities(graph, means, 0.25)[1]) == truth  # on sparse subgraphs
+    assert sorted(nested_communities(graph, means, 0.25).parts) == truth  # on sparse subgraphs
     # the sampled statistic estimates the whole matrix's (which a dense store computes)
     dense = IncrementalSimilarity(measure)
     dense.add(list(range(len(points))), points)
@@ -108,7 +108,7 @@ def test_the_knn_graph_finds_the_blocks_and_the_sampled_merge_test_agrees_with_t
     _, graph, means, _ = algorithm._graph()
     found = louvain(graph)
     assert len(found.parts) > 1 and merge_close(means, found.parts, 0.25) == [list(range(130))]
-    assert nested_communities(graph, means, 0.25)[1] == [list(range(130))]
+    assert nested_communities(graph, means, 0.25).parts == [list(range(130))]
 
 
 def test_lists_survive_a_checkpoint_and_never_hold_an_unknown_value() -> None:

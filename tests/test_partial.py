@@ -178,9 +178,9 @@ def test_nested_communities_part_the_small_groups_that_modularity_lumps_in_pairs
     means = lambda parts: block_means(weights, parts)  # noqa: E731
     # resolution limit: at resolution 1 each pair is one community, and merge_close keeps them
     assert sorted(merge_close(means, louvain(weights).parts, 0.25)) == pairs
-    first, parts = nested_communities(weights, means, 0.25)
-    assert sorted(map(sorted, first.parts)) == pairs
-    assert sorted(parts) == truth and [len(p) for p in parts] == [5] * 8
+    found = nested_communities(weights, means, 0.25)
+    assert sorted(map(sorted, found.first.parts)) == pairs and sorted(found.merged) == pairs
+    assert sorted(found.parts) == truth and [len(p) for p in found.parts] == [5] * 8
 
 
 def test_separated_share_counts_the_pairs_a_cut_sets_apart_among_those_it_holds() -> None:
@@ -198,21 +198,21 @@ def test_nested_communities_take_the_callers_evidence_over_the_ratio_test() -> N
     means = lambda parts: block_means(weights, parts)  # noqa: E731
     truth = sorted(np.flatnonzero(labels == g).tolist() for g in range(8))
     pairs = sorted(np.flatnonzero(labels // 2 == g).tolist() for g in range(4))
-    assert sorted(nested_communities(weights, means, 0.25)[1]) == pairs
+    assert sorted(nested_communities(weights, means, 0.25).parts) == pairs
     by_group = lambda a, b: set(labels[a]).isdisjoint(labels[b])  # noqa: E731
-    assert sorted(nested_communities(weights, means, 0.25, apart=by_group)[1]) == truth
+    assert sorted(nested_communities(weights, means, 0.25, apart=by_group).parts) == truth
     silent = lambda a, b: None  # noqa: E731  (no evidence: the ratio test decides)
-    assert sorted(nested_communities(weights, means, 0.25, apart=silent)[1]) == pairs
+    assert sorted(nested_communities(weights, means, 0.25, apart=silent).parts) == pairs
 
 
 def test_nested_communities_leave_a_uniform_cloud_whole_and_stop_at_tight_groups() -> None:
     sim, _ = _blocks([40], inside=0.04, across=0.04, seed=4)
     weights = affinity(sim, True)
     means = lambda parts: block_means(weights, parts)  # noqa: E731
-    assert nested_communities(weights, means, 0.25)[1] == [list(range(40))]
+    assert nested_communities(weights, means, 0.25).parts == [list(range(40))]
     blocks, labels = _blocks([10, 7, 5], inside=0.6, across=-0.2)
     weights = affinity(blocks, True)
-    parts = nested_communities(weights, lambda p: block_means(weights, p), 0.25)[1]
+    parts = nested_communities(weights, lambda p: block_means(weights, p), 0.25).parts
     assert parts == [np.flatnonzero(labels == g).tolist() for g in range(3)]
 
 

@@ -176,11 +176,11 @@ PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
 def test_incremental_repairs_an_under_split_by_later_splits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fedflock.algorithms import incremental
-    from fedflock.clustering.communities import louvain
+    from fedflock.clustering.communities import NestedCommunities, louvain
 
     # the first clustering forced to find one community (the windows' evidence would part it)
     monkeypatch.setattr(incremental, "nested_communities", lambda weights, *_, **__: (
-        louvain(weights), [list(range(weights.shape[0]))]))
+        NestedCommunities(louvain(weights), *[[list(range(weights.shape[0]))]] * 2)))
     raw = small_config(**PARTIAL, algorithm={"name": "incremental"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
     splits = summary["splits"]  # Louvain's communities were merged into one: no split there

@@ -300,16 +300,16 @@ class Incremental(MergingAlgorithm):
         p = self.params
         t0 = time.perf_counter()
         clients, weights, means, matrix = self._graph()
-        found, merged = nested_communities(weights, means, p.max_cross_ratio, p.resolution,
-                                           seed=0, backend=p.backend,
-                                           apart=self._windows_apart(clients))
+        nested = nested_communities(weights, means, p.max_cross_ratio, p.resolution, seed=0,
+                                    backend=p.backend, apart=self._windows_apart(clients))
+        found, merged = nested.first, nested.parts
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustered=why, clustering_seconds=round(seconds, 4),
                    modularity=round(found.modularity, 4),
                    cross_ratio=round(cross_ratio(means(found.parts), found.parts), 4),
                    louvain_communities=len(found.parts),
-                   communities=len(merged))
+                   one_level_communities=len(nested.merged), communities=len(merged))
         if len(merged) < 2:
             self.store.release()
             return
@@ -326,6 +326,7 @@ class Incremental(MergingAlgorithm):
                              {"modularity": round(modularity(weights, merged), 4),
                               "cross_ratio": round(cross_ratio(means(merged), merged), 4),
                               "unseen": self.num_clients - len(seen), "when": why,
+                              "one_level": len(nested.merged),  # before the nested step
                               **({SCORE_FIGURE[p.split_statistic]: round(self.groups_score, 4)}
                                  if why == "groups" and self.groups_score is not None
                                  else {})},

@@ -278,19 +278,27 @@ def _join_together(parts: list[list[int]], apart: Callable[[list[int], list[int]
     return [sorted(p) for p in joined.values()]
 
 
+@dataclass
+class NestedCommunities:
+    first: Communities  # Louvain's partition of the whole graph
+    merged: list[list[int]]  # `first` after `merge_close`: one level, as the paper has it
+    parts: list[list[int]]  # after each community was partitioned again, largest first
+
+
 def nested_communities(weights: Any, means: Callable[[list[list[int]]], np.ndarray],
                        max_ratio: float, resolution: float = 1.0, seed: int = 0,
                        backend: str = "igraph",
                        apart: Callable[[list[int], list[int]], bool | None] | None = None
-                       ) -> tuple[Communities, list[list[int]]]:
+                       ) -> NestedCommunities:
     """Louvain communities kept apart by `merge_close` (with `means`, the `block_means` of a
     partition of the whole graph), each partitioned again on its own subgraph until none holds
     parts kept apart (see the module doc: modularity's resolution limit). Two parts of a
     community stay apart when `apart(a, b)` says so, or, where it has no evidence (None) or is
     not given, when `merge_close`'s ratio test keeps them apart; parts not kept apart are
-    joined. Returns the first level's `Communities` and the final parts, largest first."""
+    joined."""
     first = louvain(weights, resolution, seed, backend)
-    todo = merge_close(means, first.parts, max_ratio)
+    merged = merge_close(means, first.parts, max_ratio)
+    todo = list(merged)
     final: list[list[int]] = []
 
     def kept_apart(a: list[int], b: list[int]) -> bool:
@@ -309,4 +317,4 @@ def nested_communities(weights: Any, means: Callable[[list[list[int]]], np.ndarr
             todo.extend(pieces)
         else:
             final.append(sorted(part))
-    return first, sorted(final, key=lambda p: (-len(p), p[0]))
+    return NestedCommunities(first, merged, sorted(final, key=lambda p: (-len(p), p[0])))
