@@ -24,6 +24,7 @@ same-round updates, `separated_share`), else `merge_close`'s ratio. No resolutio
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -247,34 +248,31 @@ def _subgraph(weights: Any, rows: list[int]) -> Any:
 def separated_share(cuts: list[list[list[int]]], a: list[int], b: list[int]) -> float | None:
     """The share of pairs (one member of `a`, one of `b`, both in one cut) that the cut sets
     in different parts, over all `cuts` (each a list of parts of client ids); None when no cut
-    holds a member of each."""
+    holds a member of each. Counted per part: all pairs less those within one part."""
     separated = pairs = 0
     for cut in cuts:
         part_of = {c: k for k, part in enumerate(cut) for c in part}
-        left = [part_of[c] for c in a if c in part_of]
-        right = [part_of[c] for c in b if c in part_of]
-        pairs += len(left) * len(right)
-        separated += sum(x != y for x in left for y in right)
+        left = Counter(part_of[c] for c in a if c in part_of)
+        right = Counter(part_of[c] for c in b if c in part_of)
+        both = left.total() * right.total()
+        pairs += both
+        separated += both - sum(n * right[k] for k, n in left.items())
     return separated / pairs if pairs else None
 
 
 def _join_together(parts: list[list[int]], apart: Callable[[list[int], list[int]], bool]
                    ) -> list[list[int]]:
-    """`parts` with every two not `apart` joined (and so on transitively)."""
-    owner = list(range(len(parts)))
+    """`parts` with every two not `apart` joined, transitively (the connected components of
+    the graph of the pairs not apart)."""
+    from scipy.sparse.csgraph import connected_components
 
-    def root(i: int) -> int:
-        while owner[i] != i:
-            i = owner[i]
-        return i
-
-    for i in range(len(parts)):
-        for j in range(i + 1, len(parts)):
-            if not apart(parts[i], parts[j]):
-                owner[root(j)] = root(i)
+    together = np.zeros((len(parts), len(parts)), dtype=bool)
+    for i, j in zip(*np.triu_indices(len(parts), 1), strict=True):
+        together[i, j] = not apart(parts[i], parts[j])
+    _, label = connected_components(together, directed=False)
     joined: dict[int, list[int]] = {}
-    for i, part in enumerate(parts):
-        joined.setdefault(root(i), []).extend(part)
+    for k, part in zip(label.tolist(), parts, strict=True):
+        joined.setdefault(k, []).extend(part)
     return [sorted(p) for p in joined.values()]
 
 
@@ -309,10 +307,10 @@ def nested_communities(weights: Any, means: Callable[[list[list[int]]], np.ndarr
 
     while todo:
         part = todo.pop()
-        inner = louvain(_subgraph(weights, part), resolution, seed, backend).parts if len(
-            part) > 2 else [list(range(len(part)))]
-        pieces = [part] if len(inner) < 2 else _join_together(
-            [[part[i] for i in p] for p in inner], kept_apart)
+        inner = louvain(_subgraph(weights, part), resolution, seed, backend).parts \
+            if len(part) > 2 else []  # two clients: Louvain would always part them
+        pieces = _join_together([[part[i] for i in p] for p in inner], kept_apart) \
+            if len(inner) > 1 else []
         if len(pieces) > 1:
             todo.extend(pieces)
         else:
