@@ -10,6 +10,12 @@ README's account of the best-cut statistic (`kway_f`) against the bipartition's 
 
     python benchmarks/split_windows.py                       # default cells, seed 0
     python benchmarks/split_windows.py --cells <name>,<name> --seed 1
+    python benchmarks/split_windows.py --cells digits-rotation-g6-n43-s50-p11-r110 --twins
+
+3. With `--twins`, each cell's IID twin too: the same datasets, clients, samples, participation,
+   model and rounds with the hidden groups removed (`scenario: iid`). It answers whether a cell's
+   windows score above what the same federation scores without groups, i.e. whether any bar
+   on this statistic could split the cell and not its twin.
 """
 
 from __future__ import annotations
@@ -48,12 +54,15 @@ def noise_scores(n: int, draws: int, dim: int, rng: np.random.Generator) -> np.n
     return out
 
 
-def window_scores(cell_name: str, seed: int, work: Path) -> np.ndarray:
-    """(windows, 2): kway_f and pseudo_f of every closed window of an unsplit CFL run."""
+def window_scores(cell_name: str, seed: int, work: Path, twin: bool = False) -> np.ndarray:
+    """(windows, 2): kway_f and pseudo_f of every closed window of an unsplit CFL run (of the
+    cell's IID twin when `twin`)."""
     cell = next(c for c in draw_cells(60) if c.name == cell_name)
     raw = cell.config("cfl", seed)
     raw["algorithm"]["max_clusters"] = 1
-    where = work / cell_name
+    if twin:
+        raw["data"]["scenario"] = {"kind": "iid", "groups": 1}
+    where = work / f"{cell_name}{'-iid-twin' if twin else ''}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = validate(raw)
@@ -83,6 +92,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=2000)
     parser.add_argument("--cells", default=",".join(DEFAULT_CELLS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--twins", action="store_true",
+                        help="also score each cell's IID twin (the cell without its groups)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     print("| structureless updates, n | kway_f min / median / max | pseudo_f min / median / max |")
@@ -95,9 +106,11 @@ def main() -> None:
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cells.split(","):
-            scores = window_scores(name, args.seed, Path(tmp))
-            print(f"| {name} | {len(scores)} | {_summary(scores[:, 0])} | "
-                  f"{_summary(scores[:, 1])} |", flush=True)
+            for twin in (False, True) if args.twins else (False,):
+                scores = window_scores(name, args.seed, Path(tmp), twin)
+                label = f"{name}, IID twin" if twin else name
+                print(f"| {label} | {len(scores)} | {_summary(scores[:, 0])} | "
+                      f"{_summary(scores[:, 1])} |", flush=True)
 
 
 if __name__ == "__main__":
