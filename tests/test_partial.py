@@ -184,10 +184,20 @@ def test_nested_communities_part_the_small_groups_that_modularity_lumps_in_pairs
 
 
 def test_separated_share_counts_the_pairs_a_cut_sets_apart_among_those_it_holds() -> None:
-    cuts = [[[1, 2], [3, 4]], [[1, 3], [2], [9]]]
+    cuts = [[[1, 2], [3, 4]], [[1, 3], [2, 9]]]
     assert separated_share(cuts, [1, 2], [3, 4]) == pytest.approx((4 + 1) / (4 + 2))
     assert separated_share(cuts, [1], [2]) == pytest.approx(1 / 2)
     assert separated_share(cuts, [1, 2], [5, 6]) is None  # no cut holds 5 or 6
+
+
+def test_separated_share_ignores_members_alone_in_their_part() -> None:
+    """A block of identical updates (colluding attackers) with every other update alone: the
+    cut is no evidence that any two of the others belong apart."""
+    attack = [[0, 1, 2, 3], [4], [5], [6], [7], [8], [9]]
+    assert separated_share([attack], [4, 5], [6, 7]) is None
+    assert separated_share([attack], [0, 1], [4, 5]) is None  # 4 and 5 alone: not counted
+    mixed = [[0, 1], [2, 3], [4]]
+    assert separated_share([mixed], [0, 4], [2]) == pytest.approx(1.0)  # only (0, 2) counts
 
 
 def test_nested_communities_take_the_callers_evidence_over_the_ratio_test() -> None:
