@@ -37,9 +37,10 @@ modularity at resolution 1 joins two communities whenever the weight between the
 what the whole graph's mean weight predicts, so many small groups come out lumped in pairs
 (on the grid, 7 label-swap groups of ~5 clients gave 5 or 6 communities). Two parts of a
 community stay apart when the windows the split test fired on (their cuts, as client ids:
-`group_cuts`) set most pairs of their members apart, among the pairs a window held; where no
-window held a member of each (or without windows: `cluster_when: settled`), when the ratio
-test above keeps them apart. Why the windows: their updates were computed at one model and
+`group_cuts`) set most pairs of their members apart, among the pairs a window held (not
+counting a member alone in its part: `separated_share`); where no window held a member of
+each (or without windows: `cluster_when: settled`), when the ratio test above keeps them
+apart. Why the windows: their updates were computed at one model and
 differ by data, while the stored ones differ by age too, and on the grid no ratio told the
 two apart (the clustering rounds' graphs, seeds 0-2: label groups Louvain lumped 0.11-0.58,
 Louvain's cuts within one group 0.46-0.95), while the windows set apart none of the pairs of
