@@ -137,3 +137,12 @@ def groups_and_outliers(sizes: list[int], outliers: int, spread: float = 1.0, se
     directions = rng.normal(size=(len(sizes), 5000))
     rows = [directions[g] + spread * rng.normal(size=(n, 5000)) for g, n in enumerate(sizes)]
     return torch.from_numpy(np.vstack([*rows, 3 * rng.normal(size=(outliers, 5000))]))
+
+
+def one_community(weights, *_, **__):
+    """Stand-in for `incremental.nested_communities` that finds a single community (Louvain's
+    first level still reported): for tests that need a first clustering to find nothing."""
+    from fedflock.clustering.communities import NestedCommunities, louvain
+
+    everyone = [list(range(weights.shape[0]))]
+    return NestedCommunities(louvain(weights), everyone, everyone)

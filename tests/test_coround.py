@@ -12,7 +12,7 @@ from fedflock.clustering.coround import SameRoundCosines, louvain_split
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
 from fedflock.validation import validate
-from tests.conftest import make_algorithm, small_config, update_reply
+from tests.conftest import make_algorithm, one_community, small_config, update_reply
 from tests.test_algorithm_contract import _through_a_checkpoint_file
 from tests.test_recheck import PARTIAL
 
@@ -170,10 +170,8 @@ def test_a_run_whose_first_clustering_found_nothing_is_reclustered_and_reported(
     split windows out of reach: recluster alone finds the four groups of a partial-
     participation run, and the report draws and names its decisions."""
     from fedflock.algorithms import incremental
-    from fedflock.clustering.communities import NestedCommunities, louvain
 
-    monkeypatch.setattr(incremental, "nested_communities", lambda weights, *_, **__: (
-        NestedCommunities(louvain(weights), *[[list(range(weights.shape[0]))]] * 2)))
+    monkeypatch.setattr(incremental, "nested_communities", one_community)
     raw = small_config(**PARTIAL, algorithm={"name": "incremental", "recluster": True,
                                              "f_threshold": 1e9, "cluster_when": "settled"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)

@@ -197,7 +197,7 @@ def test_separated_share_ignores_members_alone_in_their_part() -> None:
     assert separated_share([attack], [4, 5], [6, 7]) is None
     assert separated_share([attack], [0, 1], [4, 5]) is None  # 4 and 5 alone: not counted
     mixed = [[0, 1], [2, 3], [4]]
-    assert separated_share([mixed], [0, 4], [2]) == pytest.approx(1.0)  # only (0, 2) counts
+    assert separated_share([mixed], [0, 4], [1]) == pytest.approx(0.0)  # only (0, 1) counts
 
 
 def test_nested_communities_take_the_callers_evidence_over_the_ratio_test() -> None:

@@ -16,7 +16,13 @@ from fedflock.data.scenarios import build_federated_data
 from fedflock.experiment import run_experiment
 from fedflock.report import make_report
 from fedflock.validation import validate
-from tests.conftest import groups_and_outliers, make_algorithm, small_config, update_reply
+from tests.conftest import (
+    groups_and_outliers,
+    make_algorithm,
+    one_community,
+    small_config,
+    update_reply,
+)
 
 
 def _verdicts(changes: list[float], scale: float) -> list[bool]:
@@ -176,11 +182,9 @@ PARTIAL = {"data.clients": 40, "data.scenario.groups": 4, "rounds": 60,
 def test_incremental_repairs_an_under_split_by_later_splits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fedflock.algorithms import incremental
-    from fedflock.clustering.communities import NestedCommunities, louvain
 
     # the first clustering forced to find one community (the windows' evidence would part it)
-    monkeypatch.setattr(incremental, "nested_communities", lambda weights, *_, **__: (
-        NestedCommunities(louvain(weights), *[[list(range(weights.shape[0]))]] * 2)))
+    monkeypatch.setattr(incremental, "nested_communities", one_community)
     raw = small_config(**PARTIAL, algorithm={"name": "incremental"})
     summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
     splits = summary["splits"]  # Louvain's communities were merged into one: no split there

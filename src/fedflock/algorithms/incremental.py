@@ -303,20 +303,20 @@ class Incremental(MergingAlgorithm):
         clients, weights, means, matrix = self._graph()
         nested = nested_communities(weights, means, p.max_cross_ratio, p.resolution, seed=0,
                                     backend=p.backend, apart=self._windows_apart(clients))
-        found, merged = nested.first, nested.parts
+        found, final = nested.first, nested.parts
         seconds = time.perf_counter() - t0
         self.clustered_round = rnd
         out.update(clustered=why, clustering_seconds=round(seconds, 4),
                    modularity=round(found.modularity, 4),
                    cross_ratio=round(cross_ratio(means(found.parts), found.parts), 4),
                    louvain_communities=len(found.parts),
-                   one_level_communities=len(nested.merged), communities=len(merged))
-        if len(merged) < 2:
+                   one_level_communities=len(nested.merged), communities=len(final))
+        if len(final) < 2:
             self.store.release()
             return
         parent = self._clusters[0]
         start = parent.params if p.restart == "global" else self.initial
-        parts = [[clients[i] for i in part] for part in merged]
+        parts = [[clients[i] for i in part] for part in final]
         self._clusters = [self.new_cluster(sorted(members), start) for members in parts]
         seen = set(clients)
         for client in range(self.num_clients):
@@ -324,8 +324,8 @@ class Incremental(MergingAlgorithm):
                 self.wait(client, parent.id, parent.params)
         self._index_members()
         self.record(Decision("split", rnd, parent.id, [c.id for c in self._clusters], parts,
-                             {"modularity": round(modularity(weights, merged), 4),
-                              "cross_ratio": round(cross_ratio(means(merged), merged), 4),
+                             {"modularity": round(modularity(weights, final), 4),
+                              "cross_ratio": round(cross_ratio(means(final), final), 4),
                               "unseen": self.num_clients - len(seen), "when": why,
                               "one_level": len(nested.merged),  # before the nested step
                               **({SCORE_FIGURE[p.split_statistic]: round(self.groups_score, 4)}
