@@ -232,7 +232,7 @@ class Incremental(MergingAlgorithm):
         self.stability = Stabilisation(self.params.patience, self.params.stable_tol)
         p = self.params  # every cluster's split test after clustering
         self.watches = SplitWatches(p.patience, p.stable_tol, p.window_coverage,
-                                    p.min_cluster_size, p.same_round_share)
+                                    p.min_cluster_size, p.same_round_share, p.round_window)
         self.clustered_round: int | None = None
         self.groups_score: float | None = None  # the window that fired the global model's
         # split test (cluster_when groups): its score, recorded with the clustering
