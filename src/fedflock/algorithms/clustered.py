@@ -57,9 +57,9 @@ class SplitTestParams(AlgorithmParams):
         "round's replies form a window when they number this share of what a window needs "
         "(they share one model, so they differ by data, not age); null: full windows only")
     round_window: int | None = Field(
-        None, ge=2, description="split test: one round's replies form a window by themselves, "
-        "settled or not, when they number at least this many, whatever share of the members "
-        "(null: by same_round_share only)")
+        None, ge=2, description="split test: before a cluster's model has settled, one "
+        "round's replies form a window when they number at least this many, whatever share of "
+        "the members (null: by same_round_share only)")
     min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
     min_part_size: int = Field(
         1, ge=1, description="split test (split_into cut): fewest window members a part of "
