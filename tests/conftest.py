@@ -111,7 +111,7 @@ def make_algorithm(name: str, num_clients: int, size: int, **params: object):
 
 def update_reply(client: int, update, examples: int = 10, loss: float = 0.1):
     """A train reply carrying `update`."""
-    from fedflock.client.task import Reply
+    from fedflock.wire import Reply
 
     return Reply(client, {"update": update.clone()}, {"loss": loss}, examples)
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from fedflock.algorithms import ALGORITHMS
-from fedflock.client.task import Reply, Task
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.experiment import build_algorithm, sample_clients
 from fedflock.rundir import storable
 from fedflock.validation import validate
+from fedflock.wire import Reply, Task
 from tests.conftest import small_config
 
 # Settings that make each method change its structure within a few rounds.

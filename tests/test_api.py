@@ -14,9 +14,9 @@ import torch
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.api import Result, run
-from fedflock.client.task import TASKS
 from fedflock.errors import ConfigError, FedflockError
 from fedflock.plugins import load_plugins
+from fedflock.wire import TASKS
 from tests.conftest import REPO, small_config
 
 EXAMPLE = str(REPO / "examples" / "custom_algorithm.py")

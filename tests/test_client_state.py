@@ -13,12 +13,12 @@ import yaml
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Reply, Task, check_tensor, register_task
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.engines.flower.codec import record_tensors
 from fedflock.engines.flower.engine import FlowerEngine
 from fedflock.engines.flower.handler import STATE
 from fedflock.validation import validate
+from fedflock.wire import Reply, Task, check_tensor, register_task
 from tests.conftest import small_config
 from tests.inprocess_grid import InProcessGrid
 

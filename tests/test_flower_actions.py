@@ -12,7 +12,6 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import InvalidReply, Task
 from fedflock.client.tasks import Basis, Evaluate, Gradient, Losses, Responses, Select, Train
 from fedflock.data.scenarios import build_federated_data
 from fedflock.engines.flower.clientapp import app
@@ -23,6 +22,7 @@ from fedflock.engines.flower.codec import (
     task_content,
 )
 from fedflock.validation import validate
+from fedflock.wire import InvalidReply, Task
 from tests.conftest import small_config
 
 

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.client.task import Reply
 from fedflock.client.tasks import Select, Train
 from fedflock.clustering.seeding import farthest_point_seeds, nearest_seed
+from fedflock.wire import Reply
 from tests.conftest import make_algorithm, update_reply
 
 

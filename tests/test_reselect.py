@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from fedflock.algorithms.base import Cluster
 from fedflock.algorithms.reselection import admission
-from fedflock.client.task import Reply
 from fedflock.client.tasks import Select, Train, clearly_better
 from fedflock.report.document import splits_table
 from fedflock.report.load import RunData
+from fedflock.wire import Reply
 from tests.conftest import make_algorithm, small_runtime, update_reply
 
 LEVEL = 1e-3

@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.client.task import Reply
 from fedflock.config import AttackConfig
 from fedflock.data.poisoning import flip_labels, malicious_clients
 from fedflock.robust import (
@@ -18,6 +17,7 @@ from fedflock.robust import (
     multi_krum,
     trimmed_mean,
 )
+from fedflock.wire import Reply
 
 matrices = st.integers(1, 9).flatmap(lambda n: st.integers(1, 6).flatmap(
     lambda d: st.lists(st.floats(-100, 100, allow_nan=False), min_size=n * d, max_size=n * d)

@@ -15,14 +15,6 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedflock.client.executors import EXECUTORS
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import (
-    TASKS,
-    InvalidReply,
-    Reply,
-    Task,
-    check_tensor,
-    register_task,
-)
 from fedflock.client.tasks import Select, Train
 from fedflock.engines.flower.clientapp import app
 from fedflock.engines.flower.codec import (
@@ -31,6 +23,14 @@ from fedflock.engines.flower.codec import (
     reply_content,
     task_content,
     tasks_from_message,
+)
+from fedflock.wire import (
+    TASKS,
+    InvalidReply,
+    Reply,
+    Task,
+    check_tensor,
+    register_task,
 )
 from tests.conftest import small_config, small_runtime
 

@@ -17,12 +17,12 @@ import yaml
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedflock.client.task import InvalidReply, Reply
 from fedflock.engines.embedded import EmbeddedEngine
 from fedflock.engines.flower.codec import decode_array
 from fedflock.engines.flower.engine import FlowerEngine
 from fedflock.experiment import Run
 from fedflock.validation import validate
+from fedflock.wire import InvalidReply, Reply
 from tests.conftest import make_algorithm, small_config, update_reply
 from tests.inprocess_grid import InProcessGrid, Tamper
 

@@ -186,12 +186,12 @@ def list_components(
     from fedflock.algorithms import ALGORITHMS
     from fedflock.client.executors import EXECUTORS
     from fedflock.client.objectives import OBJECTIVES
-    from fedflock.client.task import TASKS
     from fedflock.client.tasks import CRITERIA
     from fedflock.data import DATASETS, SCENARIO_DOCS, SCENARIOS
     from fedflock.models import MODELS
     from fedflock.robust import POISONINGS
     from fedflock.similarity.incremental import MEASURES
+    from fedflock.wire import TASKS
 
     if params is not None:
         _print_params(params, ALGORITHMS.get(params), ALGORITHMS.describe()[params])

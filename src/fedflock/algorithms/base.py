@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fedflock.client.task import Reply, Task
 from fedflock.models import ModelHandle
+from fedflock.wire import Reply, Task
 
 log = logging.getLogger("fedflock.algorithm")
 MAX_SAVED_MATRIX = 2000  # clients: larger similarity matrices are not kept for splits/

@@ -82,11 +82,11 @@ from fedflock.algorithms.base import Cluster, Decision
 from fedflock.algorithms.clustered import SplitTestParams
 from fedflock.algorithms.merging import MergingAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Gradient, Train
 from fedflock.clustering import ParameterTree
 from fedflock.clustering.split_stats import SCORE_FIGURE, SplitStats
 from fedflock.clustering.watch import SplitWatch, SplitWatches
+from fedflock.wire import Reply, Task
 
 
 class CFLParams(SplitTestParams):

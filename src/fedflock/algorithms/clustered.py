@@ -21,9 +21,9 @@ import torch
 from pydantic import Field, model_validator
 
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster, Decision
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train
 from fedflock.clustering.split_stats import SplitInto, SplitStatistic
+from fedflock.wire import Reply, Task
 
 
 class SplitTestParams(AlgorithmParams):

@@ -66,7 +66,6 @@ from pydantic import Field
 from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm, weighted_mean
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply
 from fedflock.clustering.threshold import (
     default_neighbours,
     neighbour_components,
@@ -79,6 +78,7 @@ from fedflock.similarity.knowledge import (
     responses_of,
     synthesize_inputs,
 )
+from fedflock.wire import Reply
 
 
 class DistFLParams(AlgorithmParams):

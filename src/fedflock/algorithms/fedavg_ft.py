@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 from fedflock.algorithms.base import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train
+from fedflock.wire import Reply, Task
 
 
 class FineTuneParams(AlgorithmParams):

@@ -37,10 +37,10 @@ from pydantic import BaseModel, Field, field_validator
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Decision
 from fedflock.algorithms.clustered import weighted_mean
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import CRITERIA, Select, Train
 from fedflock.clustering.seeding import farthest_point_seeds, nearest_seed
 from fedflock.similarity import cosine_matrix
+from fedflock.wire import Reply, Task
 
 
 class IFCAParams(AlgorithmParams):

@@ -119,7 +119,6 @@ from fedflock.algorithms.base import Cluster, Decision
 from fedflock.algorithms.clustered import SplitTestParams
 from fedflock.algorithms.merging import MergingAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Select
 from fedflock.clustering.communities import (
     SELF_TUNING_NEIGHBOUR,
@@ -137,6 +136,7 @@ from fedflock.clustering.split_stats import SCORE_FIGURE
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.watch import Examination, SplitWatches
 from fedflock.similarity.incremental import SKETCHABLE, IncrementalSimilarity
+from fedflock.wire import Reply, Task
 
 SKETCH_SIZE = 4096  # dimensions of a sketched update: cosine error about 0.02
 AUTO_SKETCH_BYTES = 4 * 2**30  # `sketch: auto` sketches when full updates could exceed this

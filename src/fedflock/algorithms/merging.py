@@ -30,9 +30,9 @@ from pydantic import BaseModel
 
 from fedflock.algorithms.base import AlgorithmContext, Cluster, Decision
 from fedflock.algorithms.reselection import ReselectingAlgorithm
-from fedflock.client.task import Reply, Task
 from fedflock.clustering.merge import MergeTests
 from fedflock.clustering.watch import SplitWatches
+from fedflock.wire import Reply, Task
 
 
 class MergingAlgorithm(ReselectingAlgorithm):

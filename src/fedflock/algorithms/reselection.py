@@ -58,8 +58,8 @@ from pydantic import BaseModel
 
 from fedflock.algorithms.base import AlgorithmContext, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Select, Train, clearly_better
+from fedflock.wire import Reply, Task
 
 
 class ReselectingAlgorithm(ClusteredAlgorithm):

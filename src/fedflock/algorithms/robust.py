@@ -12,8 +12,8 @@ from pydantic import Field
 from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.client.task import Reply
 from fedflock.robust import coordinate_median, credit, gra, irls, multi_krum, trimmed_mean
+from fedflock.wire import Reply
 
 
 def _stack(replies: list[Reply]) -> torch.Tensor:

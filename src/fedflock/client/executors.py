@@ -17,11 +17,11 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import Train, released
 from fedflock.client.training import batch_schedule, sgd_step
 from fedflock.errors import ConfigError
 from fedflock.registry import Registry
+from fedflock.wire import Reply, Task
 
 
 class Executor(ABC):

@@ -24,8 +24,8 @@ from itertools import groupby
 import torch
 from torch import nn
 
+from fedflock.client import training as routines
 from fedflock.client.objectives import Objective, get_objective
-from fedflock.client.task import Reply, Task
 from fedflock.client.training import task_seed
 from fedflock.config import AttackConfig, ModelConfig, PrivacyConfig, TrainingConfig
 from fedflock.data.partition import NodeData
@@ -33,9 +33,12 @@ from fedflock.data.poisoning import check_label_map, flip_labels, malicious_clie
 from fedflock.data.scenarios import ClientData, FederatedData
 from fedflock.models import FlatSpec, ModelHandle, build_model
 from fedflock.privacy import ClientDP, PermutationMask
+from fedflock.wire import Reply, Task
 
 
 class ClientRuntime:
+    routines = routines  # the training loop the tasks run (the wire layer imports none of it)
+
     def __init__(self, data: FederatedData | NodeData, model: ModelConfig, training: TrainingConfig,
                  seed: int, privacy: PrivacyConfig | None = None,
                  attack: AttackConfig | None = None) -> None:

@@ -1,21 +1,24 @@
 """The built-in client tasks: train, gradient, select, losses, basis, evaluate, responses.
 
-Each is one registered `Task` (see `fedflock.client.task`): its fields are what the server sends,
+Each is one registered `Task` (see `fedflock.wire`): its fields are what the server sends,
 `run` is what the client computes on its own data, `check` what the server accepts back.
-Algorithms import this module to build tasks; the training loop (`fedflock.client.training`)
-is imported by `run` only, on the client's side, so server logic never loads it (DESIGN; an
-import-linter contract checks it).
+Algorithms import this module to build tasks; `run` reaches the training loop through the
+runtime it is given (`runtime.routines`: `fedflock.client.training`), so this module imports no
+client execution and server logic never loads it (DESIGN; an import-linter contract checks it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from fedflock.client.task import (
+from fedflock.data.poisoning import flip_labels
+from fedflock.registry import Registry
+from fedflock.wire import (
+    ClientSide,
     InvalidReply,
     Reply,
     Task,
@@ -23,12 +26,6 @@ from fedflock.client.task import (
     check_tensor,
     register_task,
 )
-from fedflock.data.poisoning import flip_labels
-from fedflock.registry import Registry
-
-if TYPE_CHECKING:
-    from fedflock.client.runtime import ClientRuntime
-    from fedflock.client.training import Proximal
 
 
 def _check_update(task: Task, reply: Reply, size: int) -> None:
@@ -40,7 +37,7 @@ def _check_update(task: Task, reply: Reply, size: int) -> None:
     Task.check(task, reply)
 
 
-def released(runtime: ClientRuntime, task: Task, start: torch.Tensor, update: torch.Tensor,
+def released(runtime: ClientSide, task: Task, start: torch.Tensor, update: torch.Tensor,
              loss: float, num_examples: int, salt: str) -> Reply:
     """The reply carrying a trained update. Under `privacy.dp` the update is clipped and noised
     here, on the client, before masking (`ClientDP.release`), and the training loss, a statistic
@@ -87,30 +84,32 @@ class Train(Task):
             return "probe"
         return "train" if self.epochs is None else "finetune"
 
-    def proximal(self, runtime: ClientRuntime, start: torch.Tensor) -> Proximal | None:
-        from fedflock.client.training import Proximal
+    def proximal(self, runtime: ClientSide, start: torch.Tensor) -> Any:
+        """The proximal term (`training.Proximal`), or None without one."""
+        training = runtime.routines
         if not self.proximal_mu:
             return None
         if self.centres is None:
-            return Proximal(self.proximal_mu, start[None], torch.ones(1, dtype=start.dtype))
+            return training.Proximal(self.proximal_mu, start[None],
+                                     torch.ones(1, dtype=start.dtype))
         centres = runtime.receive(self.centres)
         weights = (torch.ones(len(centres)) if self.centre_weights is None
                    else self.centre_weights).to(start.dtype)
-        return Proximal(self.proximal_mu, centres, weights)
+        return training.Proximal(self.proximal_mu, centres, weights)
 
-    def run(self, runtime: ClientRuntime) -> Reply:
-        from fedflock.client.training import train_model, train_model_private
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         weights = None if self.sample_weights is None else self.sample_weights.to(runtime.dtype)
         seed, proximal = runtime.task_seed(self, self.salt), self.proximal(runtime, start)
         if runtime.dp is not None and runtime.dp.per_sample:
-            update, loss = train_model_private(
+            update, loss = training.train_model_private(
                 runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
                 runtime.training, seed, runtime.task_seed(self, f"dp-sgd-{self.salt}"),
                 self.epochs, runtime.objective, weights, proximal)
         else:
-            update, loss = train_model(runtime.model, runtime.spec, start, data.x_train,
+            update, loss = training.train_model(runtime.model, runtime.spec, start, data.x_train,
                                        data.y_train, runtime.training, seed, self.epochs,
                                        runtime.objective, weights, proximal)
         return released(runtime, self, start, update, loss, data.num_train, self.salt)
@@ -134,19 +133,19 @@ class Gradient(Task):
     params: torch.Tensor
     probe: bool | None = None
 
-    def run(self, runtime: ClientRuntime) -> Reply:
-        from fedflock.client.training import gradient_step, train_model_private
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         salt = "probe-gradient" if self.probe else "gradient"
         if runtime.dp is not None and runtime.dp.per_sample:
-            update, loss = train_model_private(
+            update, loss = training.train_model_private(
                 runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
                 runtime.training, runtime.task_seed(self, salt),
                 runtime.task_seed(self, f"dp-sgd-{salt}"), objective=runtime.objective,
                 single_step=True)
         else:
-            update, loss = gradient_step(runtime.model, runtime.spec, start, data.x_train,
+            update, loss = training.gradient_step(runtime.model, runtime.spec, start, data.x_train,
                                          data.y_train, runtime.training, runtime.objective)
         return released(runtime, self, start, update, loss, data.num_train, salt)
 
@@ -173,14 +172,15 @@ def _most_accurate(scores: torch.Tensor) -> int:
     return int(max(range(len(scores)), key=lambda k: (scores[k, 0], -scores[k, 1])))
 
 
-def model_scores(runtime: ClientRuntime, client: int, models: torch.Tensor) -> torch.Tensor:
+def model_scores(runtime: ClientSide, client: int, models: torch.Tensor) -> torch.Tensor:
     """(accuracy, mean loss) of each of K models (rows) on the client's training data."""
-    from fedflock.client.training import eval_layout, sample_losses
+    training = runtime.routines
     data = runtime.client_data(client)
     out = []
     for params in models:
-        predicted, losses = sample_losses(runtime.load_eval(params), eval_layout(data.x_train),
-                                          data.y_train, runtime.objective)
+        predicted, losses = training.sample_losses(
+            runtime.load_eval(params), training.eval_layout(data.x_train), data.y_train,
+            runtime.objective)
         accuracy = (predicted == data.y_train).double().mean()
         out.append(torch.stack([accuracy, losses.double().mean()]))
     return torch.stack(out)
@@ -218,7 +218,7 @@ class Select(Task):
     epochs: int | None = None
     keep_level: float | None = None
 
-    def run(self, runtime: ClientRuntime) -> Reply:
+    def run(self, runtime: ClientSide) -> Reply:
         scores = model_scores(runtime, self.client, self.models)
         choice = CRITERIA.get(self.criterion)(scores)
         if self.keep_level is not None and choice and not clearly_better(
@@ -257,11 +257,11 @@ class Losses(Task):
     kind = "losses"
     models: torch.Tensor
 
-    def run(self, runtime: ClientRuntime) -> Reply:
-        from fedflock.client.training import eval_layout, sample_losses
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
         data = runtime.client_data(self.client)
-        rows = [sample_losses(runtime.load_eval(p), eval_layout(data.x_train), data.y_train,
-                              runtime.objective)[1] for p in self.models]
+        rows = [training.sample_losses(runtime.load_eval(p), training.eval_layout(data.x_train),
+                                       data.y_train, runtime.objective)[1] for p in self.models]
         return Reply(self.client, {"losses": torch.stack(rows).to(runtime.dtype)}, {},
                      data.num_train)
 
@@ -282,7 +282,7 @@ class Basis(Task):
     rank: int = 3
     per_class: bool = True
 
-    def run(self, runtime: ClientRuntime) -> Reply:
+    def run(self, runtime: ClientSide) -> Reply:
         data = runtime.client_data(self.client)
         x = data.x_train.reshape(len(data.y_train), -1).double()
         classes = runtime.data_spec.num_classes if self.per_class else 1
@@ -318,7 +318,7 @@ class Evaluate(Task):
     params: torch.Tensor
     split: str = "test"
 
-    def _xy(self, runtime: ClientRuntime) -> tuple[torch.Tensor, torch.Tensor]:
+    def _xy(self, runtime: ClientSide) -> tuple[torch.Tensor, torch.Tensor]:
         data = runtime.client_data(self.client)
         if self.split not in ("train", "test"):
             raise ValueError(f"evaluate: split {self.split!r} is neither 'train' nor 'test'")
@@ -326,13 +326,13 @@ class Evaluate(Task):
             return data.x_train, data.y_train
         return data.x_test, data.y_test
 
-    def run(self, runtime: ClientRuntime) -> Reply:
+    def run(self, runtime: ClientSide) -> Reply:
         return self.run_many(runtime, [self])[0]
 
     @classmethod
-    def run_many(cls, runtime: ClientRuntime, tasks: Sequence[Task]) -> list[Reply]:
+    def run_many(cls, runtime: ClientSide, tasks: Sequence[Task]) -> list[Reply]:
         """Clients sharing one model tensor (a cluster) are evaluated in one forward pass."""
-        from fedflock.client.training import eval_layout, sample_stats
+        training = runtime.routines
         by_model: dict[tuple[int, str], list[int]] = {}
         for i, t in enumerate(tasks):
             assert isinstance(t, Evaluate)
@@ -342,8 +342,9 @@ class Evaluate(Task):
             group = [tasks[i] for i in positions]
             xys = [t._xy(runtime) for t in group]  # type: ignore[attr-defined]
             model = runtime.load_eval(group[0].params)  # type: ignore[attr-defined]
-            stats = sample_stats(model, eval_layout(torch.cat([x for x, _ in xys])),
-                                 torch.cat([y for _, y in xys]), runtime.objective)
+            stats = training.sample_stats(
+                model, training.eval_layout(torch.cat([x for x, _ in xys])),
+                torch.cat([y for _, y in xys]), runtime.objective)
             offset = 0
             for i, (_, y) in zip(positions, xys, strict=True):
                 n = len(y)
@@ -375,11 +376,11 @@ class Responses(Task):
     inputs: torch.Tensor
 
     @torch.no_grad()
-    def run(self, runtime: ClientRuntime) -> Reply:
-        from fedflock.client.training import eval_layout
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
         model = runtime.load_eval(self.params)
         model.eval()
-        out = torch.softmax(model(eval_layout(self.inputs.to(runtime.dtype))), dim=-1)
+        out = torch.softmax(model(training.eval_layout(self.inputs.to(runtime.dtype))), dim=-1)
         return Reply(self.client, {"responses": out}, {}, len(self.inputs))
 
     def check(self, reply: Reply) -> None:
@@ -388,11 +389,11 @@ class Responses(Task):
 
 
 @torch.no_grad()
-def attack_success(runtime: ClientRuntime, models: dict[int, torch.Tensor],
+def attack_success(runtime: ClientSide, models: dict[int, torch.Tensor],
                    label_map: dict[int, int]) -> dict[int, tuple[int, int]]:
     """Per client: (test samples of a targeted class predicted as the attacker's target for it,
     test samples of a targeted class). Simulation only: it reads the clients' test labels."""
-    from fedflock.client.training import eval_layout, sample_losses
+    training = runtime.routines
     out = {}
     for client, params in models.items():
         data = runtime.client_data(client)
@@ -401,7 +402,7 @@ def attack_success(runtime: ClientRuntime, models: dict[int, torch.Tensor],
             out[client] = (0, 0)
             continue
         x, y = data.x_test[targeted], data.y_test[targeted]
-        predicted, _ = sample_losses(runtime.load_eval(params), eval_layout(x), y,
+        predicted, _ = training.sample_losses(runtime.load_eval(params), training.eval_layout(x), y,
                                      runtime.objective)
         out[client] = (int((predicted == flip_labels(y, label_map)).sum()), len(y))
     return out

@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedflock.client.task import Reply
 from fedflock.clustering.split_stats import SplitStats, split_stats
 from fedflock.clustering.stability import Stabilisation
 from fedflock.clustering.window import UpdateWindow, Window
+from fedflock.wire import Reply
 
 # The most updates a window holds: its pseudo-F has long settled at this many, while its memory
 # (one full update each) and Gram matrix would keep growing with a cluster of 100,000 members.

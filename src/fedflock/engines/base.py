@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from fedflock.algorithms.base import Algorithm
-from fedflock.client.task import InvalidReply, Reply, Task
 from fedflock.client.tasks import Evaluate
 from fedflock.data.spec import DataSpec
 from fedflock.models import ModelHandle
 from fedflock.robust import Adversary
+from fedflock.wire import InvalidReply, Reply, Task
 
 MAX_FINAL_STEPS = 32  # final task rounds (e.g. one per level of a parameter tree)
 MIN_NORM_GROUP = 3  # updates from one model needed before a median norm means anything

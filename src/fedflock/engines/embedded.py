@@ -7,13 +7,13 @@ import torch
 
 from fedflock.client.executors import Executor, choose_executor
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Reply, Task
 from fedflock.client.tasks import attack_success
 from fedflock.config import ExperimentConfig
 from fedflock.data.scenarios import build_federated_data
 from fedflock.data.spec import DataSpec
 from fedflock.engines.base import Engine
 from fedflock.models import ModelHandle
+from fedflock.wire import Reply, Task
 
 
 class EmbeddedEngine(Engine):

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedflock.client.task import Reply
 from fedflock.config import AttackConfig
 from fedflock.registry import Registry
+from fedflock.wire import Reply
 
 # A model-poisoning rule maps the malicious clients' honest updates (n, P) of one round to what
 # they send instead, given the attack, a seeded generator and the number of replies that round.

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedflock.client.task import TASKS, InvalidReply, Reply, Task
 from fedflock.engines.flower.names import JOIN, PREFIX
+from fedflock.wire import TASKS, InvalidReply, Reply, Task
 
 NUMPY = "numpy.ndarray"
 

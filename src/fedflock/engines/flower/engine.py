@@ -19,7 +19,6 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedflock.client.task import InvalidReply, Reply, Task
 from fedflock.config import ExperimentConfig
 from fedflock.data.spec import DataSpec
 from fedflock.engines.base import Engine
@@ -32,6 +31,7 @@ from fedflock.engines.flower.codec import (
 )
 from fedflock.errors import FedflockError
 from fedflock.models import ModelHandle, build_model
+from fedflock.wire import InvalidReply, Reply, Task
 
 log = logging.getLogger("fedflock.flower")
 

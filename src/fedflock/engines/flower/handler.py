@@ -26,7 +26,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Reply
 from fedflock.config import ExperimentConfig, dump_config
 from fedflock.data.partition import NodeData, load_node_files, scenario_partition
 from fedflock.engines.flower.codec import (
@@ -36,6 +35,7 @@ from fedflock.engines.flower.codec import (
     tensors_record,
 )
 from fedflock.engines.flower.settings import experiment_config
+from fedflock.wire import Reply
 
 STATE = "fedflock.client-state"  # the ArrayRecord of the node's Context.state holding it
 # One process may serve several partitions (Flower's simulation runtime reuses its workers).

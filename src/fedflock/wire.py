@@ -1,4 +1,7 @@
-"""The client-task vocabulary: what a server may ask of a client, and what comes back.
+"""The wire vocabulary: what a server may ask of a client, and what comes back.
+
+The bottom of the layers: server logic (`algorithms/`, `clustering/`, `robust/`), the engines
+and the clients all speak it, and it imports none of them.
 
 A task is a small dataclass registered by name (`TASKS`): its tensor fields travel to the client,
 its scalar fields are options. `run(runtime)` does the work on the client's own data and returns a
@@ -13,16 +16,16 @@ import dataclasses
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from fedflock.registry import Registry
 
-if TYPE_CHECKING:
-    from fedflock.client.runtime import ClientRuntime
-
 Scalar = int | float | str | bool
+# What a task runs on: a `fedflock.client.runtime.ClientRuntime` (the client's data, model and
+# training routines); named here without importing the client layer.
+ClientSide = Any
 
 
 class InvalidReply(ValueError):
@@ -105,11 +108,11 @@ class Task:
         return sum(int(t.numel()) for t in self.tensors().values())
 
     # -- what a client does ------------------------------------------------------------------
-    def run(self, runtime: ClientRuntime) -> Reply:
+    def run(self, runtime: ClientSide) -> Reply:
         raise NotImplementedError
 
     @classmethod
-    def run_many(cls, runtime: ClientRuntime, tasks: Sequence[Task]) -> list[Reply]:
+    def run_many(cls, runtime: ClientSide, tasks: Sequence[Task]) -> list[Reply]:
         """Several tasks of this kind on one runtime (a kind may share work between them)."""
         return [t.run(runtime) for t in tasks]
 
