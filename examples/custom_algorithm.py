@@ -23,8 +23,8 @@ from fedflock.algorithms import AlgorithmParams
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.runtime import ClientRuntime
-from fedflock.client.task import Reply, Task, check_metrics, register_task
 from fedflock.client.tasks import Train
+from fedflock.wire import Reply, Task, check_metrics, register_task
 
 
 class FedProxParams(AlgorithmParams):
