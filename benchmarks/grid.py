@@ -14,10 +14,6 @@ between 50 and 150. Final-round mean accuracy and ARI against the hidden groups.
     python benchmarks/grid.py --cells 60 --seeds 1,2          # report these
     python benchmarks/grid.py --list                           # the cells, nothing run
 
-A trial of an option that acts only once a run holds two clusters (the merge test) cannot
-change a run that never split: `--unsplit-from ROWS` copies those runs' rows from the
-defaults' rows (marked `"copied": true`) instead of re-running them.
-
 Each run's summary lands in --out/<cell>/<algorithm>/seed<k>; `results.jsonl` gets one line per
 run, and a run already there is not repeated, so an interrupted grid resumes where it stopped.
 Acceptance lines at the end: among the cells where the oracle beats FedAvg by at least 5
@@ -41,7 +37,6 @@ import numpy as np
 import torch
 
 from fedflock.experiment import run_experiment
-from fedflock.report.load import splits_a_cluster
 from fedflock.validation import validate
 
 SCENARIOS = ("label_permutation", "label_swap", "rotation", "feature_skew", "iid")
@@ -155,36 +150,6 @@ def _check_same_params(done: dict[tuple[str, str, int], dict[str, Any]], methods
             raise SystemExit(2)
 
 
-# options that leave a run of one cluster be
-ONLY_ON_TWO_CLUSTERS = {"merge_test", "merge_min_probes", "reselect", "reselect_level"}
-
-
-def _copy_unsplit(source: Path, cells: list[Cell], methods: list[str], seeds: list[int],
-                  overrides: dict[str, Any], done: dict[tuple[str, str, int], dict[str, Any]],
-                  results: Path) -> None:
-    """Copy the default rows of runs that never split (one cluster at the end: no method here
-    merges clusters back by default) into `results`, as if run with `overrides`."""
-    acting = {k for changed in overrides.values() for k in changed} - ONLY_ON_TWO_CLUSTERS
-    if acting:
-        print(f"grid.py: --unsplit-from: {sorted(acting)[0]!r} can change a run that never "
-              "split; re-run those runs instead", file=sys.stderr)
-        raise SystemExit(2)
-    names = {c.name for c in cells}
-    for key, row in _done(source).items():
-        cell, algorithm, seed = key
-        if cell not in names or seed not in seeds or key in done or row.get("params"):
-            continue
-        if algorithm in REFERENCES:  # the references too, so that a new --out needs no copy
-            copied = row
-        elif algorithm in methods and row.get("clusters") == 1:
-            changed = overrides.get(algorithm, {})
-            copied = {**row, "copied": True} | ({"params": changed} if changed else {})
-        else:
-            continue
-        done[key] = copied
-        with results.open("a") as fh:
-            fh.write(json.dumps(copied) + "\n")
-
 
 def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[str, Any]
              ) -> dict[str, Any]:
@@ -200,9 +165,7 @@ def run_cell(cell: Cell, algorithm: str, seed: int, out: Path, overrides: dict[s
     return {"cell": cell.name, **asdict(cell), "rounds": cell.rounds, "algorithm": algorithm,
             "seed": seed, "accuracy": summary["accuracy"]["mean"], "ari": summary.get("ari"),
             "clusters": summary["num_clusters"],
-            "splits": sum(map(splits_a_cluster, summary.get("splits", []))),
-            "merges": sum(d.get("kind") == "merge" for d in summary.get("splits", [])),
-            "moves": sum(d.get("kind") == "move" for d in summary.get("splits", [])),
+            "splits": len(summary.get("splits", [])),
             "seconds": round(time.perf_counter() - start, 1)} | (
                 {"params": changed} if changed else {})  # a trial's rows say what it changed
 
@@ -275,10 +238,6 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the cells and stop")
     parser.add_argument("--report", action="store_true", help="only print the table of the "
                         "runs already done")
-    parser.add_argument("--unsplit-from", type=Path, default=None,
-                        help="rows of the defaults: copy those of runs that ended with one "
-                        "cluster instead of re-running them (for options that act only on "
-                        "two clusters or more)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # 1: many small models, more threads only contend
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -298,8 +257,6 @@ def main() -> None:
     start = time.perf_counter()
     if not args.report:
         _check_same_params(done, methods, overrides, results)
-        if args.unsplit_from is not None:
-            _copy_unsplit(args.unsplit_from, cells, methods, seeds, overrides, done, results)
         for cell in cells:
             for algorithm in [*REFERENCES, *methods]:
                 for seed in seeds:

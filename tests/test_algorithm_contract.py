@@ -1,29 +1,29 @@
 """The contract every registered algorithm keeps, checked on each of them (plugins included)
 over a small real federation: a checkpoint round trip resumes identically, the partition covers
 every client exactly once, round diagnostics are JSON, and partial participation with a client
-that never replies works."""
+that never replies works, and a state holds exactly its declared keys."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.engines.embedded import EmbeddedEngine
-from fedflock.experiment import build_algorithm, sample_clients
+from fedflock.experiment import build_algorithm, run_experiment, sample_clients
 from fedflock.rundir import storable
 from fedflock.validation import validate
 from fedflock.wire import Reply, Task
-from tests.conftest import small_config
+from tests.conftest import one_error_line, small_config
 
 # Settings that make each method change its structure within a few rounds.
-QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3,
-                 "merge_test": True},
-         "incremental": {"cluster_round": 2, "placement_delay": 0, "merge_test": True,
-                         "recluster": True},  # probes, windows, merges, pair sums: resumed
+QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3},
+         "incremental": {"cluster_round": 2, "placement_delay": 0},
          "ifca": {"clusters": 2},
          "distfl": {"warmup_rounds": 2, "recluster_every": 2, "synthetic": 16, "steps": 5,
                     "threshold": 0.05}}
@@ -73,11 +73,19 @@ def _through_a_checkpoint_file(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_checkpoint_round_trip_resumes_identically(name: str) -> None:
+def test_checkpoint_round_trip_holds_the_declared_state_and_resumes_identically(
+        name: str) -> None:
     config, engine, algorithm = _setup(name)
     try:
         _play(config, engine, algorithm, range(1, 3))
         state = _through_a_checkpoint_file(algorithm.state_dict())
+        assert set(state) == type(algorithm).state_keys()
+        last = sorted(state)[-1]
+        short = {k: v for k, v in state.items() if k != last}
+        for broken, error in ((short, f"missing ['{last}']"),
+                              ({**state, "stale": 1}, "unknown ['stale']")):
+            with pytest.raises(ValueError, match=re.escape(error)):
+                build_algorithm(config, engine).load_state_dict(broken)
         resumed = build_algorithm(config, engine)
         resumed.load_state_dict(state)
         _play(config, engine, algorithm, range(3, 5))
@@ -113,3 +121,19 @@ def test_partition_diagnostics_and_a_silent_client_under_partial_participation(
                                   torch.ones(engine.num_clients, dtype=torch.float64))
     finally:
         engine.close()
+
+
+def test_resuming_from_a_state_with_a_key_missing_is_one_error_naming_the_checkpoint(
+        tmp_path: Path, cli) -> None:
+    raw = small_config(rounds=2, algorithm={"name": "incremental", **QUICK["incremental"]})
+    out = tmp_path / "run"
+    run_experiment(validate(raw), out, quiet=True)
+    checkpoint = out / "checkpoints" / "last.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    del state["algorithm"]["evidence"]
+    torch.save(state, checkpoint)
+    summary = (out / "summary.json").read_text()
+    (tmp_path / "run.yaml").write_text((out / "config.yaml").read_text())
+    one_error_line(*cli("run", str(tmp_path / "run.yaml"), "--out", str(out), "--resume"),
+                   str(checkpoint), "missing ['evidence']")
+    assert (out / "summary.json").read_text() == summary

@@ -32,11 +32,11 @@ def test_groups_are_clustered_as_soon_as_the_split_test_fires_and_noise_never() 
     for rnd in range(1, 4):  # full participation: each round is a window
         assert grouped.clustered_round is None
         _round(grouped, rnd, list(range(20)), gen, groups=True)
-    assert grouped.clustered_round == 3 and grouped.groups_score > 3.5  # before warmup_rounds (10)
+    assert grouped.clustered_round == 3 and grouped.evidence.score > 3.5  # < warmup_rounds (10)
     assert sorted(map(sorted, grouped.clusters())) == [list(range(10)), list(range(10, 20))]
     decision = grouped.decisions[0]  # recorded with the score that decided it
     assert decision.figures["when"] == "groups"
-    assert decision.figures["kway_f"] == round(grouped.groups_score, 4)  # the window that fired
+    assert decision.figures["kway_f"] == round(grouped.evidence.score, 4)  # the window that fired
     assert decided_by(vars(decision) | decision.figures).endswith("split test found groups")
 
     noise = make_algorithm("incremental", 20, SIZE, patience=3, min_coverage=0.0)
@@ -45,7 +45,7 @@ def test_groups_are_clustered_as_soon_as_the_split_test_fires_and_noise_never() 
     for rnd in range(1, 41):
         _round(noise, rnd, list(range(20)), torch.Generator().manual_seed(rnd), groups=False)
         _round(paper, rnd, list(range(20)), torch.Generator().manual_seed(rnd), groups=False)
-    assert noise.clustered_round is None and noise.groups_score is None
+    assert noise.clustered_round is None and noise.evidence.score is None
     assert paper.clustered_round is not None  # the settled rule fires on noise (then Louvain's
     assert paper.num_clusters() == 1  # communities are merged back: one cluster all the same)
 
@@ -57,7 +57,7 @@ def test_a_single_reply_a_round_falls_back_to_the_settled_rule() -> None:
         _round(alg, rnd, [rnd % 20], gen, groups=True)
         if alg.clustered_round is not None:
             break
-    assert alg.most_replies == 1 and alg.groups_score is None  # the split test saw nothing
+    assert alg.evidence.most_replies == 1 and alg.evidence.score is None  # the test saw nothing
     assert alg.clustered_round is not None and alg.clustered_round >= 10  # warmup_rounds
 
 
@@ -66,11 +66,11 @@ def test_groups_found_before_coverage_wait_for_it_across_a_checkpoint() -> None:
     alg = make_algorithm("incremental", 20, SIZE, patience=3, min_coverage=1.0)
     for rnd in range(1, 4):  # clients 18 and 19 not seen yet
         _round(alg, rnd, [c for c in range(20) if c < 18], gen, groups=True)
-    assert alg.groups_score is not None and alg.clustered_round is None
+    assert alg.evidence.score is not None and alg.clustered_round is None
     resumed = make_algorithm("incremental", 20, SIZE, patience=3, min_coverage=1.0)
     resumed.load_state_dict(_through_a_checkpoint_file(alg.state_dict()))
-    assert resumed.groups_score == alg.groups_score and resumed.most_replies == 18
-    assert resumed.group_cuts == alg.group_cuts and len(alg.group_cuts) == 3  # the evidence
+    assert resumed.evidence == alg.evidence and resumed.evidence.most_replies == 18
+    assert len(alg.evidence.cuts) == 3  # the windows' cuts: the evidence
     _round(resumed, 4, [3, 18, 19], gen, groups=True)
     assert resumed.clustered_round == 4
     assert sorted(map(sorted, resumed.clusters())) == [list(range(10)), list(range(10, 20))]

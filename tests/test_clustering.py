@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from fedflock.clustering import ParameterTree, bipartition, minmax_bipartition_reference
 from fedflock.clustering.split_stats import (
-    fold_small_parts,
     kway_pseudo_f,
     max_parts,
     pseudo_f,
@@ -187,45 +186,15 @@ def test_split_stats_on_two_groups_recovers_them() -> None:
     assert math.isclose(stats.gamma_max, max(gammas), rel_tol=1e-7)
 
 
-def test_a_cut_folds_its_lone_outliers_into_the_parts_of_their_nearest_members() -> None:
+def test_a_split_makes_the_cut_the_statistic_scored_or_the_bipartition() -> None:
     updates = groups_and_outliers([8, 8], 2)
     sim = cosine_matrix(updates).numpy()
     stats = split_stats(gram_matrix(updates).numpy(), np.ones(18), sim)
-    assert [17] in stats.kway_parts  # the scored cut sets an outlier apart
-    assert stats.split("kway", "cut") == stats.kway_parts == stats.split("kway", "cut", sim, 1)
-    parts = stats.split("kway", "cut", sim, 2)
-    assert len(parts) == 2 and sorted(i for p in parts for i in p) == list(range(18))
-    assert {frozenset(set(p) & set(range(16))) for p in parts} == {
-        frozenset(range(8)), frozenset(range(8, 16))}  # the groups are whole and apart
-    with pytest.raises(ValueError, match="similarity"):
-        stats.split("kway", "cut", None, 2)
-    # the bipartition (CFL's paper) is made as it is
-    assert stats.split("kway", "two", sim, 2) == list(stats.parts)
-
-
-def test_a_cut_of_one_group_and_its_outliers_folds_back_into_one_part() -> None:
-    updates = groups_and_outliers([14], 2)
-    sim = cosine_matrix(updates).numpy()
-    stats = split_stats(gram_matrix(updates).numpy(), np.ones(16), sim)
-    assert stats.kway_k == 3 and [14] in stats.kway_parts and [15] in stats.kway_parts
-    assert stats.split("kway", "cut", sim, 2) == [list(range(16))]
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(0, 10_000), st.integers(3, 16), st.integers(1, 4))
-def test_folding_keeps_every_member_and_every_large_part(seed: int, n: int, min_part: int
-                                                         ) -> None:
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, rng.integers(1, n + 1), size=n)
-    parts = [np.flatnonzero(labels == k).tolist() for k in np.unique(labels)]
-    x = rng.normal(size=(n, 6))
-    sim = x @ x.T
-    folded = fold_small_parts(parts, sim, min_part)
-    assert sorted(i for p in folded for i in p) == list(range(n))
-    large = [p for p in parts if len(p) >= min_part]
-    assert len(folded) == max(1, len(large))
-    assert all(any(set(p) <= set(f) for f in folded) for p in large)
-    assert all(len(f) >= min_part for f in folded) or len(folded) == 1
+    assert stats.kway_k == 3 and [17] in stats.kway_parts  # the groups and an outlier apart
+    assert stats.split("kway", "cut") == stats.kway_parts
+    # the bipartition (CFL's paper) whenever it is asked for or is what was scored
+    assert stats.split("kway", "two") == stats.split("bipartition", "cut") == list(stats.parts)
+    assert len(stats.parts) == 2
 
 
 LEFT = torch.tensor([[1.0, 0.1], [0.9, 0.0]])  # the updates a parameter-tree edge keeps
@@ -248,12 +217,3 @@ def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
     restored = ParameterTree.from_dict(tree.to_dict())
     assert restored.leaves() == [1, 2] and restored.root == 0
 
-
-def test_a_client_routed_to_a_merged_leaf_goes_on_to_the_cluster_that_absorbed_it() -> None:
-    tree = _tree_split_in_two()
-    towards_left = lambda params: torch.tensor([1.0, -0.1])  # noqa: E731
-    leaf, path = tree.route(towards_left, merged_into={1: 2})
-    assert leaf == 2 and path[-1] == {"node": 1, "merged_into": 2}
-    tree.record_split(2, 9, torch.ones(2), [(3, [2], LEFT), (4, [3], RIGHT)])  # 2 split since
-    leaf, path = tree.route(towards_left, merged_into={1: 2})
-    assert leaf == 3 and [step["node"] for step in path] == [0, 1, 2]

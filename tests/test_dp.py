@@ -49,37 +49,12 @@ def test_every_algorithm_runs_two_rounds_under_client_level_dp(name: str) -> Non
     dp = summary["dp"]
     assert dp["mechanism"] == "client" and dp["delta"] == 1e-5
     assert 2.9 <= dp["epsilon"] <= 3.0, dp
-    probes = 2 if QUICK.get(name, {}).get("merge_test") else 0  # a second release a round
-    assert dp["releases_per_client"] == 2 + ALGORITHMS.get(name).final_releases + probes
+    assert dp["releases_per_client"] == 2 + ALGORITHMS.get(name).final_releases
     members = sorted(c for part in summary["clusters"] for c in part)
     assert members == list(range(6))
     assert not summary.get("rejected_replies"), summary.get("rejected_replies")
     values = summary["accuracy"]["per_client"]
     assert all(v is not None and 0 <= v <= 1 for v in values), values
-
-
-def test_merge_probes_are_accounted_as_a_second_release_each_round() -> None:
-    """A probe trains on the client's data and goes to the server: counted like an update."""
-    algorithm = {"name": "incremental", "merge_test": True}
-    for mechanism, dp in (("client", {"epsilon": 3.0, "clip": 0.5}), ("dp-sgd", {})):
-        cfg = validate(small_config(rounds=4, algorithm=algorithm, **_dp(mechanism, **dp)))
-        assert cfg.privacy.dp._releases == 8
-        plain = validate(small_config(rounds=4, algorithm={**algorithm, "merge_test": False},
-                                      **_dp(mechanism, **dp)))
-        assert plain.privacy.dp._releases == 4
-
-
-@pytest.mark.parametrize("task", [Train, Gradient])
-def test_a_probe_and_the_clients_own_training_draw_different_noise(task: type) -> None:
-    """Two releases of one client in one round (its training and a merge probe): with equal
-    noise their difference would be noiseless. Both are clipped to C, so their noiseless
-    difference is at most 2C; the noise of two independent draws is far larger."""
-    runtime = _runtime(small_config(**_dp("client", noise_multiplier=1.0, clip=0.5)))
-    start = runtime.initial_params()
-    own = task(1, 3, start).run(runtime).update
-    assert torch.equal(own, task(1, 3, start).run(runtime).update)  # seeded: reproducible
-    probe = task(1, 3, start, probe=True).run(runtime).update
-    assert float(torch.linalg.vector_norm(probe - own)) > 10 * 2 * 0.5
 
 
 def test_released_update_is_clipped_before_the_noise() -> None:

@@ -132,10 +132,9 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
 
 
 # 8 clients, 4 sampled per round; clustering at round 2 with 7 seen; the unseen one is placed by
-# a select task (K models down) in round 6; clients 0 and 5 send sign-flipped updates. The merge
-# test's probes travel as side tasks in the messages of their clients' training (and evaluation).
+# a select task (K models down) in round 6; clients 0 and 5 send sign-flipped updates.
 PARTIAL = {"rounds": 6, "eval_every": 6, "data.clients": 8, "data.samples_per_client": 80,
-           "algorithm.name": "incremental", "algorithm.merge_test": True,
+           "algorithm.name": "incremental",
            "algorithm.cluster_when": "settled", "algorithm.warmup_rounds": 2,
            "algorithm.patience": 1, "algorithm.cluster_round": 2, "algorithm.min_coverage": 0.0,
            "algorithm.placement_delay": 1, "participation.count": 4,

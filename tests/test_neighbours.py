@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedflock.algorithms.incremental import neighbours_for
 from fedflock.clustering.communities import (
     affinity,
     block_means,
@@ -19,6 +18,7 @@ from fedflock.clustering.communities import (
     merge_close,
     nested_communities,
 )
+from fedflock.clustering.stored_updates import neighbours_for, store_graph
 from fedflock.experiment import run_experiment
 from fedflock.similarity.incremental import IncrementalSimilarity
 from fedflock.similarity.neighbours import NeighbourLists
@@ -82,15 +82,16 @@ def _points(sizes: list[int], spread: float, seed: int = 0) -> tuple[torch.Tenso
 @pytest.mark.parametrize("measure", ["cosine", "euclidean"])
 def test_the_knn_graph_finds_the_blocks_and_the_sampled_merge_test_agrees_with_the_matrix(
         measure: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fedflock.algorithms.incremental as incremental
+    import fedflock.clustering.stored_updates as stored_updates
 
     points, labels = _points([60, 40, 30], spread=0.3)
     truth = sorted(np.flatnonzero(labels == g).tolist() for g in range(3))
-    monkeypatch.setattr(incremental, "MERGE_SAMPLE", 30)  # 20 sampled members per community
+    monkeypatch.setattr(stored_updates, "MERGE_SAMPLE", 30)  # 20 sampled members per community
     algorithm = make_algorithm("incremental", len(points), points.shape[1],
                                similarity=measure, neighbours=12)
     algorithm.store.add(list(range(len(points))), points)
-    _, graph, means, matrix = algorithm._graph()
+    found_graph = store_graph(algorithm.store)
+    graph, means, matrix = found_graph.weights, found_graph.means, found_graph.matrix
     assert matrix is None and graph.nnz <= 2 * 12 * len(points) and (graph != graph.T).nnz == 0
     found = louvain(graph)
     assert sorted(merge_close(means, found.parts, 0.25)) == truth
@@ -105,7 +106,8 @@ def test_the_knn_graph_finds_the_blocks_and_the_sampled_merge_test_agrees_with_t
     algorithm = make_algorithm("incremental", len(cloud), cloud.shape[1], similarity=measure,
                                neighbours=12)
     algorithm.store.add(list(range(len(cloud))), cloud)
-    _, graph, means, _ = algorithm._graph()
+    cloud_graph = store_graph(algorithm.store)
+    graph, means = cloud_graph.weights, cloud_graph.means
     found = louvain(graph)
     assert len(found.parts) > 1 and merge_close(means, found.parts, 0.25) == [list(range(130))]
     assert nested_communities(graph, means, 0.25).parts == [list(range(130))]

@@ -337,44 +337,6 @@ def test_cfl_gathers_a_window_over_rounds_once_its_model_has_settled() -> None:
     assert cfl.unplaced() == [1, 3, 4, 6, 8, 9]  # not in the deciding window: routed later
 
 
-@pytest.mark.parametrize("settled", [False, True])
-@pytest.mark.parametrize("round_window", [None, 4])
-def test_a_round_of_round_window_replies_is_a_window_before_settling(
-        round_window: int | None, settled: bool) -> None:
-    cfl = make_algorithm("cfl", 20, 3, warmup_rounds=0, patience=1, min_replies=4,
-                         same_round_share=None, round_window=round_window)
-    watch = cfl.watches[cfl._clusters[0].id]
-    if settled:
-        watch.stability.changes = [0.01] * 4
-    a, b = torch.tensor([1.0, 0, 0]), torch.tensor([0, 1.0, 0])
-    # 4 of 20 members reply: a window needs 10 (half the members)
-    cfl.aggregate_train(1, [_reply(0, a), _reply(1, a), _reply(10, b), _reply(11, b)])
-    if round_window is not None and not settled:  # before settling, a window alone
-        assert len(cfl.decisions) == 1
-        assert sorted(map(sorted, cfl.decisions[0].members)) == [[0, 1], [10, 11]]
-    else:  # dropped before the model settles, the start of a spanning window after
-        assert not cfl.decisions and len(watch.window) == (4 if settled else 0)
-
-
-@pytest.mark.parametrize("evidence", [False, True])
-def test_cfl_warmup_evidence_counts_windows_of_the_warmup_but_splits_after_it(
-        evidence: bool) -> None:
-    cfl = make_algorithm("cfl", 6, 3, warmup_rounds=3, patience=2, min_replies=4,
-                         warmup_evidence=evidence)
-    a, b = torch.tensor([1.0, 0, 0]), torch.tensor([0, 1.0, 0])
-    grouped = [_reply(0, a), _reply(1, a), _reply(2, a), _reply(3, b), _reply(4, b),
-               _reply(5, b)]
-    for rnd in (1, 2):  # two windows above the threshold, both in the warm-up: no split
-        cfl.aggregate_train(rnd, grouped)
-    assert not cfl.decisions
-    assert len(cfl.watches[cfl._clusters[0].id].scores) == (2 if evidence else 0)
-    cfl.aggregate_train(3, grouped)  # the warm-up's end: with its evidence, patience is met
-    assert len(cfl.decisions) == (1 if evidence else 0)
-    cfl.aggregate_train(4, grouped)
-    assert len(cfl.decisions) == 1
-    assert sorted(map(sorted, cfl.decisions[0].members)) == [[0, 1, 2], [3, 4, 5]]
-
-
 # -- clustering as a defence -------------------------------------------------------------------
 
 

@@ -14,11 +14,9 @@ import numpy as np
 import torch
 
 from fedflock.algorithms import ALGORITHMS, validate_params
-from fedflock.algorithms.base import Decision, finite_sum
-from fedflock.algorithms.clustered import merged_into
+from fedflock.algorithms.base import finite_sum
 from fedflock.client.runtime import ClientRuntime
 from fedflock.client.tasks import Evaluate, Select, Train
-from fedflock.clustering import ParameterTree
 from fedflock.config import ExperimentConfig, load_raw
 from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import FedflockError
@@ -29,16 +27,13 @@ from fedflock.validation import validate
 Placer = Callable[[int, ClientRuntime], tuple[int, list[int] | None]]
 
 
-def _tree_placer(state: dict[str, Any]) -> Placer:
-    tree = ParameterTree.from_dict(state["tree"])
-    absorbed = merged_into(Decision.from_state(d) for d in state["decisions"])
-
+def _tree_placer(router: Any) -> Placer:
     def place(client: int, runtime: ClientRuntime) -> tuple[int, list[int] | None]:
         def update_at(params: torch.Tensor) -> torch.Tensor:
             reply = Train(client, 0, params).run(runtime)
             return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
 
-        return tree.route(update_at, absorbed)
+        return router.route(update_at)
 
     return place
 
@@ -61,8 +56,9 @@ def _placement(config: ExperimentConfig, state: dict[str, Any]
         raise FedflockError(f"algorithm {name!r} keeps no shared model a new client could join")
     models = {cid: params for cid, params, _ in clusters}
     members = {cid: group for cid, _, group in clusters}
-    if "tree" in state:
-        return _tree_placer(state), models, members
+    router = cls.newcomer_router(state)
+    if router is not None:
+        return _tree_placer(router), models, members
     ids = list(models)
     criterion = cls.newcomer_criterion(validate_params(config.algorithm))
     return _score_placer(ids, torch.stack([models[i] for i in ids]), criterion), models, members

@@ -28,7 +28,7 @@ from fedflock.errors import FedflockError
 from fedflock.fileio import atomic_open, json_text, write_json, write_text
 from fedflock.validation import resolved, validate
 
-CHECKPOINT_FORMAT = 2  # 1: pickled numpy arrays (before weights_only loading)
+CHECKPOINT_FORMAT = 3  # 1: pickled numpy arrays; 2: algorithm states loaded with defaults
 
 
 def storable(value: Any) -> Any:

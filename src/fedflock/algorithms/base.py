@@ -32,6 +32,11 @@ class AlgorithmParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    def thresholds(self) -> list[dict[str, Any]]:
+        """The decision thresholds a report can draw: `statistic` (a per-cluster round figure
+        such as `pseudo_f` or `mean_norm`), `value` and `label`; none by default."""
+        return []
+
 
 NoParams = AlgorithmParams
 
@@ -107,10 +112,7 @@ class Decision:
         matrix = state.get("matrix")
         if matrix is not None:  # stored as a tensor (checkpoints hold no numpy objects)
             matrix = (list(matrix[0]), np.asarray(matrix[1]))
-        figures = dict(state.get("figures", {}))
-        if "members" in figures:  # checkpoints written when a re-examination split's figures
-            figures["cluster_size"] = figures.pop("members")  # named the cluster's size so
-        return cls(**{**state, "figures": figures, "matrix": matrix})
+        return cls(**{**state, "matrix": matrix})
 
 
 def finite_sum(model: torch.Tensor, update: torch.Tensor) -> torch.Tensor | None:
@@ -127,6 +129,9 @@ class Algorithm(ABC):
     # differential-privacy accounting beside one per round.
     final_releases: ClassVar[int] = 0
     uses_ground_truth: ClassVar[bool] = False  # an evaluation reference, not a method
+    # The keys this class adds to `state_dict`; a checkpoint must hold exactly those of the
+    # class and its bases (`state_keys`), or loading it fails.
+    state_fields: ClassVar[tuple[str, ...]] = ("decisions",)
 
     def __init__(self, params: BaseModel, context: AlgorithmContext) -> None:
         self.params = params
@@ -142,6 +147,13 @@ class Algorithm(ABC):
         """The models a client new to a finished run may join, from its checkpoint's state:
         (cluster id, parameters, members). None: the method keeps no shared model to join
         (`fedflock assign`)."""
+        return None
+
+    @classmethod
+    def newcomer_router(cls, state: dict[str, Any]) -> Any | None:
+        """What routes a new client by its updates, from the checkpoint's state: an object
+        whose `route(update_at)` returns (cluster id, path), as CFL's parameter tree. None: a
+        new client picks among `newcomer_clusters` by `newcomer_criterion`."""
         return None
 
     @classmethod
@@ -185,21 +197,10 @@ class Algorithm(ABC):
         """Clients that belong to no cluster yet (partial participation); none by default."""
         return []
 
-    def side_tasks(self, rnd: int, tasks: list[Task]) -> list[Task]:
-        """Tasks a round adds beside `tasks` (at most one per client that has a task; it
-        travels in the same message), e.g. a measurement that must not take the place of the
-        client's training. Their checked replies reach `receive_side` before `aggregate_train`.
-        None by default."""
-        return []
-
-    def receive_side(self, rnd: int, replies: list[Reply]) -> None:  # noqa: B027 (optional)
-        """Consume the replies of this round's `side_tasks`."""
-
     @classmethod
     def releases(cls, params: BaseModel, rounds: int) -> int:
         """Updates each client may release over a run, for differential-privacy accounting:
-        one per round plus `final_releases`; an algorithm whose `side_tasks` release updates
-        counts them too."""
+        one per round plus `final_releases`."""
         return rounds + cls.final_releases
 
     def final_tasks(self, rnd: int, clients: list[int]) -> list[Task]:
@@ -213,9 +214,9 @@ class Algorithm(ABC):
         return None
 
     def thresholds(self) -> list[dict[str, Any]]:
-        """The decision thresholds a report can draw: `statistic` (a per-cluster round figure
-        such as `pseudo_f` or `mean_norm`), `value` and `label`."""
-        return []
+        """The decision thresholds a report can draw (`AlgorithmParams.thresholds`)."""
+        params = self.params
+        return params.thresholds() if isinstance(params, AlgorithmParams) else []
 
     def step(self, model: torch.Tensor, update: torch.Tensor, what: str) -> torch.Tensor:
         """`model + update`, or `model` unchanged when that is not finite: an aggregate that
@@ -245,8 +246,20 @@ class Algorithm(ABC):
                 decision.matrix = None
         return out
 
+    @classmethod
+    def state_keys(cls) -> set[str]:
+        """Every key of the state: the `state_fields` of the class and its bases."""
+        return {key for klass in cls.__mro__ for key in vars(klass).get("state_fields", ())}
+
     def state_dict(self) -> dict[str, Any]:
         return {"decisions": [d.to_state() for d in self.decisions]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict`; a key missing or unknown is a ValueError, never a default
+        (every override calls this first)."""
+        expected, got = self.state_keys(), set(state)
+        if got != expected:
+            wrong = [f"{what} {sorted(keys)}" for what, keys in
+                     (("missing", expected - got), ("unknown", got - expected)) if keys]
+            raise ValueError(f"{self.name} state: {'; '.join(wrong)}")
         self.decisions = [Decision.from_state(d) for d in state["decisions"]]

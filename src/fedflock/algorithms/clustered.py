@@ -14,85 +14,33 @@ after the last round are placed by final tasks, so the final partition covers ev
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Cluster, Decision
+from fedflock.algorithms.base import Algorithm, AlgorithmContext, Cluster, Decision
 from fedflock.client.tasks import Train
-from fedflock.clustering.split_stats import SplitInto, SplitStatistic
 from fedflock.wire import Reply, Task
 
 
-class SplitTestParams(AlgorithmParams):
-    """What the windowed split test (`clustering.watch`) scores and how a cluster that fails it
-    is split; shared by the methods that keep examining their clusters."""
+@dataclass
+class Split:
+    """How `partition` splits a cluster: the parts (member lists; a member in none waits and is
+    placed later), the figures that decided it, the similarity matrix (client ids, values) it
+    was decided on, kept in the run's splits/ folder, and the update rows of those ids (for a
+    method that keeps them, as CFL's parameter tree). The base assigns the children's ids and
+    records the decision."""
 
-    split_statistic: SplitStatistic = Field(
-        "kway", description="split test: kway: pseudo-F of the best cut of the min-max merge "
-        "tree into 2 to n/2 parts; bipartition: of its cut in two")
-    split_into: SplitInto = Field(
-        "cut", description="split test: cut: the parts of the cut the statistic scored; two: "
-        "the min-max bipartition (CFL's paper)")
-    f_threshold: float = Field(3.5, gt=1.0, description="split test: pseudo-F "
-                               "(split_statistic) a split must exceed (CFL: split_rule auto; "
-                               "incremental: recheck)")
-    patience: int = Field(3, ge=1, description="split test: windows in a row above f_threshold "
-                          "(see votes); also the rounds over which a model's change is judged "
-                          "settled (stable_tol)")
-    votes: int | None = Field(
-        None, ge=1, description="split test: how many of the last `patience` windows must "
-        "score above f_threshold, the latest among them (default: all of them)")
-    stable_tol: float = Field(0.1, gt=0, lt=1, description="split test: a window may span "
-                              "rounds once the cluster model's relative change shrank by less "
-                              "than this (incremental: also when FedAvg has settled enough to "
-                              "cluster)")
-    window_coverage: float = Field(0.5, ge=0, le=1, description="split test: share of a "
-                                   "cluster's members whose updates a window needs, besides "
-                                   "CFL's min_replies (one round when that many reply)")
-    same_round_share: float | None = Field(
-        0.5, gt=0, le=1, description="split test: before a cluster's model has settled, one "
-        "round's replies form a window when they number this share of what a window needs "
-        "(they share one model, so they differ by data, not age); null: full windows only")
-    round_window: int | None = Field(
-        None, ge=2, description="split test: before a cluster's model has settled, one "
-        "round's replies form a window when they number at least this many, whatever share of "
-        "the members (null: by same_round_share only)")
-    min_cluster_size: int = Field(3, ge=2, description="split test: smallest cluster examined")
-    min_part_size: int = Field(
-        1, ge=1, description="split test (split_into cut): fewest window members a part of "
-        "a split holds; a smaller part joins the part of its most similar member, and one "
-        "part left makes no split (1: the cut as scored; 2 on the grid lost CFL the "
-        "7-group cell whose windows hold one member of some groups)")
-    merge_test: bool = Field(False, description="probe mutually nearest clusters at one "
-                             "model and merge the two when the split test finds no groups "
-                             "there (algorithms.merging; off: on the grid it undid the one "
-                             "IID split and gained no paying cell, a probe costs a second "
-                             "training, and under attack a merge could admit attackers)")
-    merge_min_probes: int = Field(12, ge=3, description="merge test: probes, and own updates, "
-                                  "a window needs (6 merged feature_skew's invert group back on "
-                                  "the grid, 12 did not)")
-
-    reselect: bool = Field(False, description="once clusters have settled, a sampled member "
-                           "scores their models on its training data (once per set of them) "
-                           "and moves to one clearly more accurate, if its own serves its "
-                           "other members clearly better and its update agrees with that "
-                           "cluster's members' (algorithms.reselection; incremental: with "
-                           "recheck, whose split test judges a cluster settled)")
-    reselect_level: float = Field(0.001, gt=0, lt=0.5, description="reselect: level of "
-                                  "Fisher's exact test by which another model is clearly "
-                                  "more accurate than the member's own")
-
-    @model_validator(mode="after")
-    def _votes_within_patience(self) -> SplitTestParams:
-        if self.votes is not None and self.votes > self.patience:
-            raise ValueError(f"votes ({self.votes}) cannot exceed patience ({self.patience})")
-        return self
+    parts: list[list[int]]
+    figures: dict[str, Any] = field(default_factory=dict)
+    matrix: tuple[list[int], Any] | None = None
+    updates: torch.Tensor | None = None
 
 
 class ClusteredAlgorithm(Algorithm):
+    state_fields = ("clusters", "next_id", "unplaced", "waiting")
+
     def __init__(self, params: Any, context: AlgorithmContext) -> None:
         super().__init__(params, context)
         self._clusters: list[Cluster] = [
@@ -118,9 +66,31 @@ class ClusteredAlgorithm(Algorithm):
         return Train(client, rnd, params)
 
     def partition(self, rnd: int, cluster: Cluster, replies: list[Reply],
-                  diag: dict[str, Any]) -> list[list[int]] | None:
-        """Return new member lists to split `cluster` (None keeps it). `diag` collects figures."""
+                  diag: dict[str, Any]) -> Split | None:
+        """How to split `cluster` on this round's replies of its members (None keeps it whole);
+        `diag` collects the round's figures."""
         return None
+
+    def split(self, rnd: int, parent: Cluster, split: Split,
+              start: torch.Tensor | None = None) -> list[Cluster]:
+        """The one place a split is made: children with fresh ids starting from `start`
+        (default: the parent's model), the members in no part waiting with the parent's model,
+        and the decision recorded. The children replace the parent where the caller puts
+        them."""
+        absent = set(parent.members).difference(*map(set, split.parts))
+        for client in sorted(absent):  # placed when next sampled
+            self.wait(client, parent.id, parent.params)
+        begin = parent.params if start is None else start
+        children = [self.new_cluster(sorted(members), begin) for members in split.parts]
+        self.record(Decision("split", rnd, parent.id, [c.id for c in children], split.parts,
+                             split.figures, split.matrix))
+        self.on_split(rnd, parent, children, split)
+        return children
+
+    def on_split(self, rnd: int, parent: Cluster, children: list[Cluster], split: Split
+                 ) -> None:
+        """After `parent` split into `children`: forget or record what the method keeps per
+        cluster (CFL: the parameter tree)."""
 
     # -- unplaced clients (subclasses that create them override the two hooks) --------------
     def placement_task(self, rnd: int, client: int) -> Task:
@@ -203,9 +173,9 @@ class ClusteredAlgorithm(Algorithm):
             got = by_cluster.get(cluster.id, [])
             diag: dict[str, Any] = {"id": cluster.id, "size": len(cluster.members),
                                     "replied": len(got)}
-            parts = self.partition(rnd, cluster, got, diag) if got else None
+            split = self.partition(rnd, cluster, got, diag) if got else None
             log.append(diag)
-            if parts is None:
+            if split is None:
                 mean = self._apply(cluster, got)
                 next_clusters.append(cluster)
                 if mean is not None and "mean_norm" not in diag:
@@ -213,12 +183,8 @@ class ClusteredAlgorithm(Algorithm):
                     diag["mean_norm"] = round(float(mean[: self.update_size].norm()), 6)
                     diag["max_norm"] = round(top, 6)
                 continue
-            absent = set(cluster.members).difference(*map(set, parts))
-            for client in sorted(absent):  # not in this round's replies: placed later
-                self.wait(client, cluster.id, cluster.params)
-            for members in parts:
-                child = self.new_cluster(members, cluster.params)
-                self._apply(child, [r for r in got if r.client in set(members)])
+            for child in self.split(rnd, cluster, split):
+                self._apply(child, [r for r in got if r.client in set(child.members)])
                 next_clusters.append(child)
         self._clusters = next_clusters
         self._index_members()
@@ -244,20 +210,30 @@ class ClusteredAlgorithm(Algorithm):
             return self._waiting[self._unplaced[client]]
         return self._cluster_of[client].params
 
+    def split_children(self) -> dict[int, list[int]]:
+        """Cluster id -> the ids of the clusters it split into, from the recorded splits."""
+        return {d.parent: list(d.children) for d in self.decisions
+                if d.kind == "split" and isinstance(d.parent, int)}
+
+    def descendants(self, node: int) -> list[Cluster]:
+        """The current clusters descending from cluster `node` (itself if it is current)."""
+        below, heirs, todo = self.split_children(), set(), [node]
+        while todo:
+            item = todo.pop()
+            if item in below:
+                todo.extend(below[item])
+            else:
+                heirs.add(item)
+        return [c for c in self._clusters if c.id in heirs]
+
     def tree(self) -> list[dict[str, Any]] | None:
         """The cluster tree of the recorded splits, for the summary and the report (CFL keeps
-        its parameter tree instead; incremental clustering's Louvain communities and
-        re-examination splits come out as one tree; a cluster a merge absorbed is a leaf
-        with no members and `merged_into`). Unlike the parameter tree's, a node's members are
-        where clients are now: a current cluster's members, and for a split one those of the
-        current clusters below it (clients still waiting are in none)."""
-        children: dict[int, list[int]] = {}
-        split_round: dict[int, int] = {}
-        absorbed = self.merged_into()
-        for decision in self.decisions:
-            if decision.kind == "split" and isinstance(decision.parent, int):
-                children[decision.parent] = list(decision.children)
-                split_round[decision.parent] = decision.round
+        its parameter tree instead). Unlike the parameter tree's, a node's
+        members are where clients are now: a current cluster's members, and for a split one
+        those of the current clusters below it (clients still waiting are in none)."""
+        children = self.split_children()
+        split_round = {d.parent: d.round for d in self.decisions
+                       if d.kind == "split" and isinstance(d.parent, int)}
         if not children:
             return None
         parent_of = {child: parent for parent, below in children.items() for child in below}
@@ -270,12 +246,7 @@ class ClusteredAlgorithm(Algorithm):
 
         return [{"id": node, "parent": parent_of.get(node), "members": members(node),
                  "split_round": split_round.get(node), "children": children.get(node, [])}
-                | ({"merged_into": absorbed[node]} if node in absorbed else {})
                 for node in sorted(set(children) | set(parent_of))]
-
-    def merged_into(self) -> dict[int, int]:
-        """Each cluster a recorded merge absorbed -> the cluster that absorbed it."""
-        return merged_into(self.decisions)
 
     def clusters(self) -> list[list[int]]:
         """The clusters, then one group per waiting model of the clients not placed yet."""
@@ -296,18 +267,10 @@ class ClusteredAlgorithm(Algorithm):
         super().load_state_dict(state)
         self._clusters = [Cluster(**c) for c in state["clusters"]]
         self._next_id = state["next_id"]
-        self._unplaced = state.get("unplaced", {})
-        self._waiting = state.get("waiting", {})
+        self._unplaced = state["unplaced"]
+        self._waiting = state["waiting"]
         self._waiting_count = Counter(self._unplaced.values())
         self._index_members()
-
-
-def merged_into(decisions: Iterable[Decision]) -> dict[int, int]:
-    """Each cluster a merge among `decisions` absorbed -> the cluster that absorbed it (the
-    decisions are the record: `fedflock assign` reads them from a checkpoint)."""
-    return {c: d.children[0] for d in decisions
-            if d.kind == "merge" and isinstance(d.parent, list)
-            for c in d.parent if c != d.children[0]}
 
 
 def weighted_mean(replies: list[Reply]) -> torch.Tensor:

@@ -106,6 +106,7 @@ class DistFLParams(AlgorithmParams):
 class DistFL(ClusteredAlgorithm):
     name = "distfl"
     Params = DistFLParams
+    state_fields = ("probe", "known")
     needs_model = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -22,6 +22,7 @@ class FineTuneParams(AlgorithmParams):
 class FedAvgFineTune(ClusteredAlgorithm):
     name = "fedavg_ft"
     Params = FineTuneParams
+    state_fields = ("personal", "finetuned")
     final_releases = 1  # the fine-tuned update goes to the server (its model is scored there)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -54,5 +55,5 @@ class FedAvgFineTune(ClusteredAlgorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.personal = state.get("personal", {})
-        self.finetuned = state.get("finetuned", bool(self.personal))
+        self.personal = state["personal"]
+        self.finetuned = state["finetuned"]

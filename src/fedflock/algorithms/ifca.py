@@ -71,6 +71,7 @@ class IFCA(Algorithm):
 
     name = "ifca"
     Params = IFCAParams
+    state_fields = ("models", "draw", "choice", "seeded", "chosen_final")
 
     def __init__(self, params: IFCAParams, context: AlgorithmContext) -> None:
         super().__init__(params, context)

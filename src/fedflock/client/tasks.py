@@ -58,10 +58,7 @@ class Train(Task):
     Options: `epochs` overrides the configured local epochs (fine-tuning); `proximal_mu` adds
     mu/2 * sum_k w_k ||theta - c_k||^2 with `centres` (K, P) and `centre_weights` (K,), or with
     the received model as the one centre when no centres are given (FedProx);
-    `sample_weights` (one per training sample) weight the per-sample losses (FedRC); `probe`
-    marks a training that is a measurement beside the client's own in the same round (the merge
-    test): it draws its own batches and noise, so the two releases share no randomness (equal
-    noise would cancel in their difference).
+    `sample_weights` (one per training sample) weight the per-sample losses (FedRC).
     """
 
     kind = "train"
@@ -71,7 +68,6 @@ class Train(Task):
     centres: torch.Tensor | None = None
     centre_weights: torch.Tensor | None = None
     sample_weights: torch.Tensor | None = None
-    probe: bool | None = None
 
     @property
     def plain(self) -> bool:
@@ -80,8 +76,6 @@ class Train(Task):
 
     @property
     def salt(self) -> str:
-        if self.probe:
-            return "probe"
         return "train" if self.epochs is None else "finetune"
 
     def proximal(self, runtime: ClientSide, start: torch.Tensor) -> Any:
@@ -127,17 +121,16 @@ class Gradient(Task):
     """One full-batch gradient at `params`, sent as the update -lr * grad (CFL's gradient
     variant; buffers unchanged). Under DP-SGD: one noised gradient of one Poisson batch (a
     full batch would be a step at sample rate 1, which the accounting of training does not
-    cover). `probe`: as `Train.probe`."""
+    cover)."""
 
     kind = "gradient"
     params: torch.Tensor
-    probe: bool | None = None
 
     def run(self, runtime: ClientSide) -> Reply:
         training = runtime.routines
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
-        salt = "probe-gradient" if self.probe else "gradient"
+        salt = "gradient"
         if runtime.dp is not None and runtime.dp.per_sample:
             update, loss = training.train_model_private(
                 runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
@@ -186,45 +179,22 @@ def model_scores(runtime: ClientSide, client: int, models: torch.Tensor) -> torc
     return torch.stack(out)
 
 
-def clearly_better(current: float, other: float, samples: int, level: float) -> bool:
-    """Whether a model of training accuracy `other` serves a client clearly better than its
-    current model of accuracy `current`, both scored on its `samples` training samples:
-    Fisher's exact test, one-sided, of the two models' right/wrong counts, below `level`
-    (scale-free; exact at the tens of samples a client may hold, and sane at accuracy 1.0,
-    where a binomial test against `other` would call any single miss significant). The two
-    were scored on the same samples, which the test ignores: when they err on mostly the same
-    samples that makes it conservative, so a client moves for a model that fits its data, not
-    for the noise between two about equally good ones."""
-    from scipy.stats import fisher_exact
-
-    right = [round(current * samples), round(other * samples)]
-    table = [[right[0], samples - right[0]], [right[1], samples - right[1]]]
-    return bool(fisher_exact(table, alternative="less").pvalue < level)
-
-
 @register_task
 @dataclass
 class Select(Task):
     """K models (rows of `models`); the client scores each on its own training data, picks one
     by `criterion` (lowest loss by default, as IFCA) and, when `train`, trains it. Replies with
-    `scores` (K, 2: accuracy, loss), the metric `choice` and the update of the chosen model.
-    With `keep_level`, row 0 is the client's current model, kept unless the criterion's choice
-    is `clearly_better` at that level (a member re-selecting its cluster)."""
+    `scores` (K, 2: accuracy, loss), the metric `choice` and the update of the chosen model."""
 
     kind = "select"
     models: torch.Tensor
     criterion: str = "loss"
     train: bool = True
     epochs: int | None = None
-    keep_level: float | None = None
 
     def run(self, runtime: ClientSide) -> Reply:
         scores = model_scores(runtime, self.client, self.models)
         choice = CRITERIA.get(self.criterion)(scores)
-        if self.keep_level is not None and choice and not clearly_better(
-                float(scores[0, 0]), float(scores[choice, 0]),
-                runtime.num_examples(self.client), self.keep_level):
-            choice = 0
         metrics = {"choice": float(choice), "loss": float(scores[choice, 1])}
         tensors = {"scores": scores.to(runtime.dtype)}
         if self.train:

@@ -251,7 +251,7 @@ def separated_share(cuts: list[list[list[int]]], a: list[int], b: list[int]) -> 
     holds a member of each. Counted per part: all pairs less those within one part.
 
     A member alone in its part is not counted: a part of one is one update unlike the rest,
-    not a group shown to exist (as `split_stats.fold_small_parts` says). Single linkage leaves
+    not a group shown to exist. Single linkage leaves
     a window's outliers alone in every cut, and a window holding identical updates is cut
     into their block with every other update alone (`split_stats._best_cut`: the fewest parts
     without scatter). Counted, such cuts set every pair of a group apart: under a colluding

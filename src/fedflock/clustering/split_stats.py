@@ -65,46 +65,11 @@ class SplitStats:
         """The figure a split decision compares with its threshold."""
         return float(getattr(self, SCORE_FIGURE[statistic]))
 
-    def split(self, statistic: SplitStatistic, into: SplitInto,
-              similarity: np.ndarray | None = None, min_part: int = 1) -> list[list[int]]:
-        """The parts a split makes: the min-max bipartition, or the cut `statistic` scored with
-        its parts of fewer than `min_part` members folded into their nearest part
-        (`fold_small_parts`; needs the window's `similarity`). One part left: no split."""
+    def split(self, statistic: SplitStatistic, into: SplitInto) -> list[list[int]]:
+        """The parts a split makes: the cut `statistic` scored, or the min-max bipartition."""
         if into == "cut" and statistic == "kway":
-            if min_part <= 1:
-                return self.kway_parts
-            if similarity is None:
-                raise ValueError("folding small parts needs the window's similarity")
-            return fold_small_parts(self.kway_parts, similarity, min_part)
+            return self.kway_parts
         return list(self.parts)
-
-
-def fold_small_parts(parts: list[list[int]], similarity: np.ndarray, min_part: int
-                     ) -> list[list[int]]:
-    """`parts` with every part of fewer than `min_part` members joined to the part holding the
-    member most similar to one of its own (single linkage, as the merge tree joins them).
-
-    Why: a part of one window member is one update unlike the rest, not a group shown to
-    exist: single linkage leaves the window's outliers (a client with noisy inputs, a
-    drifted local run) as singletons of every cut, and the best cut of a window that holds
-    one real group besides the rest often carries them along (grid, seed 0,
-    `mnist-feature_skew-g5-n135`: a cut into 61 + 20 + 1 + 1; each singleton became a
-    cluster of its own, trained on one client's data, and a cluster of fewer than
-    `min_cluster_size` is never examined again). The price: a lone member of a real group
-    is folded into another group's cluster too, and a small cluster's later windows may
-    never split it off (why the algorithms keep it off by default). All parts small: one
-    part (no split)."""
-    sim = np.asarray(similarity, dtype=np.float64)
-    large = [list(p) for p in parts if len(p) >= min_part]
-    if not large:
-        return [sorted(i for p in parts for i in p)]
-    owner = {i: k for k, p in enumerate(large) for i in p}
-    held = np.array(sorted(owner))
-    for part in (p for p in parts if len(p) < min_part):
-        block = sim[np.ix_(part, held)]
-        nearest = int(held[np.unravel_index(int(block.argmax()), block.shape)[1]])
-        large[owner[nearest]].extend(part)
-    return sorted((sorted(p) for p in large), key=lambda p: p[0])
 
 
 def pseudo_f(similarity: np.ndarray, parts: tuple[list[int], list[int]]) -> float:

@@ -71,20 +71,13 @@ class ParameterTree:
                   for child in node.children}
         return max(scores, key=lambda c: scores[c]), scores
 
-    def route(self, update_at: Callable[[torch.Tensor], torch.Tensor],
-              merged_into: dict[int, int] | None = None) -> tuple[int, list[dict]]:
+    def route(self, update_at: Callable[[torch.Tensor], torch.Tensor]
+              ) -> tuple[int, list[dict]]:
         """Leaf id for a client whose update at a given model `update_at(params)` returns, and
-        the similarity to each edge at every step (for explaining the decision). A leaf a merge
-        absorbed (`merged_into`) sends the client on to the cluster that absorbed it, and down
-        from there should that one have split since."""
-        merged_into = merged_into or {}
+        the similarity to each edge at every step (for explaining the decision)."""
         node = self.nodes[self.root]
         path: list[dict] = []
-        while node.children or node.id in merged_into:
-            if node.id in merged_into:
-                path.append({"node": node.id, "merged_into": merged_into[node.id]})
-                node = self.nodes[merged_into[node.id]]
-                continue
+        while node.children:
             assert node.params is not None
             best, scores = self.step(node.id, update_at(node.params))
             path.append({"node": node.id, "similarity": scores, "chosen": best})

@@ -11,22 +11,11 @@ differ by data, not age (the CFL paper's same-round updates). Without it a clust
 less than `coverage` a round got no window until its model settled, and the early rounds,
 where groups pull apart most, went unexamined (on the grid, seed 0, CFL then never split off
 feature_skew's invert group of `mnist-feature_skew-g5-n184`: windows of 41 and 31 in warm-up,
-none from rounds 12 to 24, then 1.4-1.7). Before the model settles, a round of at least
-`round_window` replies (off by default) is a window on its own too, whatever share of the
-members they are: the share rule asks a large cluster sampled at a few percent for far more
-replies than one round brings, though a window's power depends on its count of updates, not
-on its share. On the grid's seed 3 (`mnist-feature_skew-g5-n228`, 25 replies a round of 228;
-`-g5-n298`, 21 of 298) one round's replies scored 2.6-28 in the first 15 rounds (14 and 13 of
-15 above 5), while the windows spanning rounds after settling scored 1.6-3.8 and neither
-method split off the invert group; the cells' IID twins scored 1.04-1.73 on every round.
-Applied after settling as well (a trial), one-round windows of 16 replies replaced the
-spanning windows that find `mnist5k-rotation-g5-n235` (16 replies a round, 5 groups: ARI 1.0
--> 0.0 for both methods, seed 0). Each closed
+none from rounds 12 to 24, then 1.4-1.7). Each closed
 window is scored by a pseudo-F of its cosine matrix's min-max merge tree (about 1 for
 structureless updates, large when parts point apart, see `split_stats`; the algorithm says
-which cut it scores). Above `f_threshold` in `patience` windows in a row (or in `votes` of the
-last `patience`, the latest among them), fresh evidence each time, the cluster holds groups and
-should split. No extra communication, no scale or round
+which cut it scores). Above `f_threshold` in `patience` windows in a row, fresh evidence each
+time, the cluster holds groups and should split. No extra communication, no scale or round
 number in the decision.
 A window never holds more than `MAX_WINDOW` updates: when more members reply in one round, an
 evenly spread subset of them (by client id) is taken.
@@ -57,13 +46,15 @@ from fedflock.wire import Reply
 MAX_WINDOW = 1000
 
 
-def split_vote(scores: list[float], threshold: float, patience: int, votes: int | None = None
-               ) -> bool:
-    """The split rule on a cluster's window statistics so far, latest last: the latest above
-    `threshold`, and `votes` of the last `patience` (default: all of them)."""
-    recent = scores[-patience:]
-    above = sum(s > threshold for s in recent)
-    return scores[-1] > threshold and above >= (votes or patience)
+@dataclass(frozen=True)
+class WindowRule:
+    """When a cluster's window closes and how many windows above the threshold split it."""
+
+    patience: int  # windows in a row above the threshold; also the rounds of `Stabilisation`
+    stable_tol: float  # a window may span rounds once the model's change shrank by less
+    coverage: float  # share of the members whose updates a window needs
+    min_size: int  # and at least this many
+    same_round_share: float | None  # before settling, one round is a window at this share
 
 
 @dataclass
@@ -74,17 +65,17 @@ class Examination:
 
 @dataclass
 class SplitWatch:
-    stability: Stabilisation
-    coverage: float
-    min_size: int
-    same_round_share: float | None = None
-    round_window: int | None = None
+    rule: WindowRule
+    stability: Stabilisation = field(init=False)
     window: UpdateWindow = field(default_factory=UpdateWindow)
     scores: list[float] = field(default_factory=list)  # each closed window's statistic
 
+    def __post_init__(self) -> None:
+        self.stability = Stabilisation(self.rule.patience, self.rule.stable_tol)
+
     def needed(self, members: int) -> int:
-        return min(members, MAX_WINDOW,
-                   max(self.min_size, math.ceil(self.coverage * members)))
+        rule = self.rule
+        return min(members, MAX_WINDOW, max(rule.min_size, math.ceil(rule.coverage * members)))
 
     def examine(self, members: list[int], model: torch.Tensor, clients: list[int],
                 updates: torch.Tensor, examples: list[int], linkage: str = "single"
@@ -101,24 +92,21 @@ class SplitWatch:
         # a window begun while the model was settled runs to its end (the relative change of
         # a partially sampled cluster is noisy: re-testing each round would drop most windows)
         may_span = len(self.window) > 0 or self.stability.stable()
-        needed = self.needed(len(members))
-        if not may_span and self.same_round_share is not None:  # this round's replies alone
-            needed = min(needed, max(self.min_size, math.ceil(self.same_round_share * needed)))
-        if (not may_span and self.round_window is not None
-                and len(clients) >= max(self.min_size, self.round_window)):
-            needed = min(needed, len(clients))  # enough replies of one model: a window alone
+        needed, share = self.needed(len(members)), self.rule.same_round_share
+        if not may_span and share is not None:  # this round's replies alone
+            needed = min(needed, max(self.rule.min_size, math.ceil(share * needed)))
         window = self.window.add(clients, updates, examples, needed, may_span=may_span)
         if window is None:
             return None
         return Examination(window, split_stats(window.gram.numpy(), window.examples,
                                                window.similarity, linkage))
 
-    def fires(self, score: float, threshold: float, votes: int | None = None) -> bool:
-        """Count one window's statistic; True when it is above `threshold` and so are `votes`
-        of the last `patience` windows (default: all of them, i.e. `patience` in a row). The
-        latest window must be one of them: its cut is the one a split makes."""
+    def fires(self, score: float, threshold: float) -> bool:
+        """Count one window's statistic; True when it and the `patience - 1` before it are
+        above `threshold`."""
         self.scores.append(score)
-        return split_vote(self.scores, threshold, self.stability.patience, votes)
+        recent = self.scores[-self.rule.patience:]
+        return len(recent) == self.rule.patience and all(s > threshold for s in recent)
 
     def state_dict(self) -> dict[str, Any]:
         return {"changes": list(self.stability.changes), "last": self.stability.last,
@@ -127,7 +115,7 @@ class SplitWatch:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stability.changes = list(state["changes"])
         self.stability.last = state["last"]
-        self.scores = list(state["scores"] if "scores" in state else state["pseudo_f"])
+        self.scores = list(state["scores"])
         self.window = UpdateWindow.from_state(state["window"])
 
 
@@ -135,18 +123,13 @@ class SplitWatches:
     """One `SplitWatch` per cluster, made on first use and checkpointed together: what CFL and
     incremental clustering's re-examination keep between rounds."""
 
-    def __init__(self, patience: int, tol: float, coverage: float, min_size: int,
-                 same_round_share: float | None = None, round_window: int | None = None
-                 ) -> None:
-        self.patience, self.tol, self.coverage, self.min_size = patience, tol, coverage, min_size
-        self.same_round_share, self.round_window = same_round_share, round_window
+    def __init__(self, rule: WindowRule) -> None:
+        self.rule = rule
         self.watches: dict[int, SplitWatch] = {}
 
     def __getitem__(self, cluster_id: int) -> SplitWatch:
         if cluster_id not in self.watches:
-            self.watches[cluster_id] = SplitWatch(Stabilisation(self.patience, self.tol),
-                                                  self.coverage, self.min_size,
-                                                  self.same_round_share, self.round_window)
+            self.watches[cluster_id] = SplitWatch(self.rule)
         return self.watches[cluster_id]
 
     def examine(self, cluster_id: int, members: list[int], model: torch.Tensor,

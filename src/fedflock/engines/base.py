@@ -164,8 +164,8 @@ class Engine(ABC):
 
     def run_together(self, rnd: int, lists: list[list[Task]]) -> list[list[Reply]]:
         """The replies to each list of tasks, where every list holds at most one task per
-        client and a client may have a task in several (an evaluation of the model it receives,
-        a side task, its training). An engine that pays per message (Flower) sends a client's
+        client and a client may have a task in several (an evaluation of the model it receives
+        and its training). An engine that pays per message (Flower) sends a client's
         tasks as one message; here they simply run."""
         return [self.run_tasks(rnd, tasks) if tasks else [] for tasks in lists]
 
@@ -175,17 +175,15 @@ class Engine(ABC):
         tensor of every task and accepted reply) and the clients that did not answer."""
         return self.settle(rnd, tasks, self.run_tasks(rnd, tasks))
 
-    def settle(self, rnd: int, tasks: list[Task], replies: list[Reply],
-               count_missing: bool = True) -> list[Reply]:
-        """`exchange` once the replies are in (`count_missing`: False for side tasks, which
-        travel with a task whose missing reply is counted)."""
+    def settle(self, rnd: int, tasks: list[Task], replies: list[Reply]) -> list[Reply]:
+        """`exchange` once the replies are in."""
         if self.adversary is not None:
             replies = self.adversary(rnd, replies)
         replies = self.accept(rnd, tasks, replies)
         self.communication["down_floats"] += sum(t.num_floats for t in tasks)
         self.communication["up_floats"] += sum(r.num_floats for r in replies)
         answered = {r.client for r in replies}
-        for task in tasks if count_missing else []:
+        for task in tasks:
             if task.client not in answered:
                 self.missing.setdefault(task.client, []).append(rnd)
         return replies
@@ -196,23 +194,15 @@ class Engine(ABC):
         """One round of training; returns (algorithm diagnostics, seconds per phase, the
         evaluation). With `evaluate`, every client given a task first scores the model the
         server holds for it as the round begins (`model_of`: the model it receives) on its
-        held-out data, in the same message as its task; otherwise the evaluation is empty.
-        The algorithm's side tasks travel in the same message too."""
+        held-out data, in the same message as its task; otherwise the evaluation is empty."""
         t0 = time.perf_counter()
         tasks = algorithm.configure_train(rnd, clients)
-        side = algorithm.side_tasks(rnd, tasks)
-        assert len({t.client for t in side}) == len(side) <= len(tasks) and \
-            {t.client for t in side} <= {t.client for t in tasks}, "side tasks: one per client"
         t1 = time.perf_counter()
         evals: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
                              for t in tasks] if evaluate else []
-        scored, side_replies, replies = self.run_together(rnd, [evals, side, tasks])
+        scored, replies = self.run_together(rnd, [evals, tasks])
         evaluation = self.scores(rnd, evals, scored) if evaluate else {}
         replies = self.settle(rnd, tasks, replies)
-        if side:  # only beside a training reply the server accepted
-            accepted = {r.client for r in replies}
-            kept = self.settle(rnd, side, side_replies, count_missing=False)
-            algorithm.receive_side(rnd, [r for r in kept if r.client in accepted])
         t2 = time.perf_counter()
         diagnostics = algorithm.aggregate_train(rnd, replies)
         t3 = time.perf_counter()

@@ -34,15 +34,13 @@ noised update and chose which clients take part, is the adversary it protects ag
   maximum over clients (the guarantee) and the smallest.
 Releases are counted as one per client per round, every round (exact under full participation,
 an upper bound otherwise), plus what an algorithm declares (`Algorithm.releases`): final tasks
-that release updates (e.g. fine-tuning) and side tasks that do (the merge test's probes: two
-per round, an upper bound). Opacus's RDP analysis assumes Poisson sampling; the
+that release updates (e.g. fine-tuning). Opacus's RDP analysis assumes Poisson sampling; the
 client mechanism's rate-1 accounting needs no sampling assumption.
 
 Only updates are covered (train, gradient and select's training); other client releases are not
-noised: example counts, select's scores and choice (IFCA, incremental's placements, CFL's and
-incremental's re-selection), per-sample losses and data bases (FedRC, PACFL-style tasks). Under
-DP a training reply carries no training loss (an unnoised statistic of private data) but the
-public noise std σC.
+noised: example counts, select's scores and choice (IFCA, incremental's placements), per-sample
+losses and data bases (FedRC, PACFL-style tasks). Under DP a training reply carries no training
+loss (an unnoised statistic of private data) but the public noise std σC.
 """
 
 from __future__ import annotations
@@ -76,8 +74,7 @@ COVERS = ("model updates (train, gradient, select's training), BatchNorm statist
 
 def releases_of(rounds: int, algorithm: type | None, params: Any) -> int:
     """Update releases each client is accounted for: one per round plus what the algorithm
-    declares (`Algorithm.releases`: final tasks that release an update, e.g. fine-tuning, and
-    side tasks that do, e.g. the merge test's probes)."""
+    declares (`Algorithm.releases`: final tasks that release an update, e.g. fine-tuning)."""
     return rounds if algorithm is None else algorithm.releases(params, rounds)
 
 

@@ -145,26 +145,20 @@ def splits_table(run: RunData) -> str:
                      *(plots.fmt_number(sp.get(k)) for k in (
                          "alpha_intra_min", "alpha_cross_max", "gap", "gamma_max", "gamma_bound",
                          "pseudo_f", "kway_f", "mean_norm", "max_norm", "modularity",
-                         "cross_ratio", "apart_ratio", "score_at_kept",
-                         "score_at_absorbed", "accuracy_own", "accuracy_chosen",
-                         "cosine_to_members"))])
+                         "cross_ratio"))])
     return _table(["#", "round", "decided by", "cluster → children", "sizes", "α intra min",
                    "α cross max", "gap", "γ max", "γ bound", "pseudo-F (2 parts)",
-                   "pseudo-F (best k)", "‖mean Δ‖", "max ‖Δ‖", "modularity", "cross ratio",
-                   "apart ratio (same-round)", "merge: pseudo-F at kept", "at absorbed",
-                   "move: accuracy at own", "at chosen", "cosine to its members"],
+                   "pseudo-F (best k)", "‖mean Δ‖", "max ‖Δ‖", "modularity", "cross ratio"],
                   rows)
 
 
-RULES = {"recheck": "re-examination (split test)",
-         "recluster": "re-examination (Louvain, same-round cosines)",
-         "reselect": "re-selection (a member moved)"}
+RULES = {"recheck": "re-examination (split test)"}
 
 
 def decided_by(split: dict[str, Any]) -> str:
     """What made a recorded decision: incremental clustering's Louvain communities (its
     modularity and cross ratio; the split test's score when it timed them), a
-    re-examination (its split test, or Louvain on same-round cosines), CFL's split test, or
+    re-examination by the split test, CFL's split test, or
     the decision's own kind (DistFL's clustering, IFCA's seeding)."""
     if split.get("rule") in RULES:
         return RULES[split["rule"]]
@@ -172,7 +166,7 @@ def decided_by(split: dict[str, Any]) -> str:
         return "Louvain communities" + (", once the split test found groups"
                                         if split.get("when") == "groups" else "")
     if split.get("kind") == "split":
-        return "split test"
+        return "split test" if "pseudo_f" in split else "split"  # (a plugin's: its parts)
     return str(split.get("kind", "–"))
 
 

@@ -33,15 +33,6 @@ class SplitMatrix:
     decision: int = 0
 
 
-NOT_SPLITS = ("merge", "move")  # recorded decisions that split no cluster
-
-
-def splits_a_cluster(decision: dict[str, Any]) -> bool:
-    """Whether a recorded decision (an entry of a summary's `splits`) split a cluster: a
-    clustering, a split, a seeding; not a merge, nor a member's move."""
-    return decision.get("kind") not in NOT_SPLITS
-
-
 @dataclass
 class RunData:
     """Everything the report reads from one run directory."""
@@ -68,9 +59,8 @@ class RunData:
 
     @property
     def split_rounds(self) -> list[int]:
-        """Rounds of the recorded decisions that split a cluster (merges and moves are not
-        splits)."""
-        return [int(s["round"]) for s in self.splits if "round" in s and splits_a_cluster(s)]
+        """Rounds of the recorded decisions (each split a cluster)."""
+        return [int(s["round"]) for s in self.splits if "round" in s]
 
     @property
     def true_groups(self) -> list[int] | None:

@@ -342,9 +342,6 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
             lines[0] += f": cluster {split['parent']} → {children}"
         detail = (f"Louvain modularity = {fmt_number(split['modularity'])}"
                   if "modularity" in split else
-                  "Louvain on same-round cosines (blank: pair never in one round), "
-                  f"apart ratio = {fmt_number(split.get('apart_ratio'))}"
-                  if split.get("rule") == "recluster" else
                   rf"$\alpha_{{intra}}^{{min}}$ = {fmt_number(split.get('alpha_intra_min'))},  "
                   rf"$\alpha_{{cross}}^{{max}}$ = {fmt_number(split.get('alpha_cross_max'))}")
         if groups is not None and len(sizes) > 1:
@@ -420,8 +417,6 @@ def plot_tree(run: RunData, path: Path) -> Path | None:
             if node.get("children"):
                 if node.get("split_round") is not None:
                     text += f"\nsplit at round {node['split_round']}"
-            elif node.get("merged_into") is not None:
-                text += f"\nmerged into {node['merged_into']}"
             else:
                 purity = leaf_purity(members, truth)
                 if purity is not None:
