@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from fedflock.algorithms.base import Cluster
 from fedflock.algorithms.clustered import ClusteredAlgorithm, Split
 from fedflock.algorithms.registry import ALGORITHMS
-from fedflock.algorithms.split_test import SplitTestParams
+from fedflock.algorithms.windowed_split import SplitTestParams
 from fedflock.client.tasks import Gradient, Train
 from fedflock.clustering import ParameterTree
 from fedflock.clustering.split_stats import SplitStats
