@@ -172,6 +172,23 @@ def test_compare_prints_a_table_and_writes_results(tmp_path: Path) -> None:
     assert (out / "local" / "seed1" / "summary.json").is_file()
 
 
+def test_compare_runs_the_configs_own_seed_unless_told_otherwise(tmp_path: Path) -> None:
+    cfg = _write(tmp_path / "c.yaml", small_config(seed=3, rounds=1))
+    out = tmp_path / "cmp"
+    done = fedflock("compare", str(cfg), "--algorithms", "fedavg", "--out", str(out), "-q")
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in (out / "fedavg").iterdir() if p.is_dir()] == ["seed3"]
+    assert json.loads((out / "fedavg" / "seed3" / "summary.json").read_text())["seed"] == 3
+
+
+def test_a_plugin_that_raises_as_it_imports_is_one_error_line(tmp_path: Path, cli) -> None:
+    plugin = tmp_path / "broken_plugin.py"
+    plugin.write_text("raise RuntimeError('the lab server is down')\n")
+    one_error_line(*cli("--plugin", str(plugin), "list"), "broken_plugin.py", "RuntimeError",
+                   "the lab server is down")
+    assert "fedflock_plugin_broken_plugin" not in sys.modules
+
+
 def test_list_names_every_registered_component() -> None:
     result = fedflock("list")
     assert result.returncode == 0

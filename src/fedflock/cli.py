@@ -70,7 +70,8 @@ def compare(config: Path,
             algorithms: Annotated[str, typer.Option(
                 help="comma-separated names; the config's own algorithm keeps its "
                 "parameters, the others run with their defaults")] = "cfl,fedavg",
-            seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0",
+            seeds: Annotated[str | None, typer.Option(
+                help="comma-separated seeds (default: the config's seed)")] = None,
             set_: SetOpt = None,
             out: Annotated[Path | None, typer.Option(help="output directory")] = None,
             resume: Annotated[bool, typer.Option(
@@ -85,6 +86,7 @@ def compare(config: Path,
     from fedflock.validation import load_config
 
     cfg = load_config(config, set_ or [])
+    seeds = str(cfg.seed) if seeds is None else seeds
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:

@@ -15,7 +15,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 
@@ -27,6 +27,20 @@ _named: list[str] = []  # the modules loaded by name or file (not entry points),
 
 
 def _import(spec: str) -> ModuleType:
+    """The plugin module; a plugin that is missing or fails as it imports is one user error
+    naming it and the exception, never a traceback."""
+    try:
+        return _import_module(spec)
+    except FedflockError:
+        raise
+    except ModuleNotFoundError as err:
+        raise FedflockError(f"plugin {spec}: cannot import it ({err})") from None
+    except Exception as err:  # the plugin's own code raised
+        raise FedflockError(f"plugin {spec}: failed while importing "
+                            f"({type(err).__name__}: {err})") from None
+
+
+def _import_module(spec: str) -> ModuleType:
     path = Path(spec)
     if spec.endswith(".py"):
         if not path.is_file():
@@ -36,12 +50,13 @@ def _import(spec: str) -> ModuleType:
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module  # dataclasses and pickling look the module up by name
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # a failed plugin leaves nothing half-registered by name
+            raise
         return module
-    try:
-        return importlib.import_module(spec)
-    except ModuleNotFoundError as err:
-        raise FedflockError(f"plugin {spec}: cannot import it ({err})") from None
+    return importlib.import_module(spec)
 
 
 def load_plugins(specs: Iterable[str] = (), entry_point_group: str | None = ENTRY_POINT_GROUP
@@ -58,8 +73,16 @@ def load_plugins(specs: Iterable[str] = (), entry_point_group: str | None = ENTR
     if entry_point_group:
         for point in entry_points(group=entry_point_group):
             if point.value not in _loaded:
-                _loaded[point.value] = point.load()
+                _loaded[point.value] = _import_entry_point(point)
     return sorted(_loaded)
+
+
+def _import_entry_point(point: EntryPoint) -> ModuleType:
+    try:
+        return point.load()
+    except Exception as err:
+        raise FedflockError(f"plugin {point.value} (entry point {point.name}): failed while "
+                            f"importing ({type(err).__name__}: {err})") from None
 
 
 def named_plugins() -> list[str]:
