@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export FEDFLOCK_DATA ?= $(abspath ../shared/data)
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,13 +25,19 @@ demo: $(STAMP)
 	$(BIN)/fedflock report runs/demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples mkdocs_hooks.py
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .docs-check
+	rm -rf .docs-check
 	$(BIN)/python -m pytest
 
+# The documentation site into site/ (strict: a broken link or a missing page fails).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples mkdocs_hooks.py
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site .docs-check

@@ -219,36 +219,15 @@ def list_components(
             typer.echo(f"  {name:<{width}}  {doc}")
 
 
-def _type_name(annotation: object) -> str:
-    """`int`, `float | None`, `one of auto|eps`, `int | auto | None`: a parameter's type as a
-    user reads it."""
-    import types
-    from typing import Literal, Union, get_args, get_origin
-
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is Literal:
-        return "one of " + "|".join(str(a) for a in args)
-    if origin in (Union, types.UnionType):
-        return " | ".join("None" if a is type(None) else
-                          "|".join(map(str, get_args(a))) if get_origin(a) is Literal else
-                          _type_name(a) for a in args)
-    name = getattr(annotation, "__name__", None)
-    return name if name and not args else str(annotation).replace("typing.", "")
-
-
 def _print_params(name: str, cls: type, doc: str) -> None:
     """One line per parameter of an algorithm's schema: name, type, default, description."""
-    fields = cls.Params.model_fields
+    from fedflock.algorithms.describe import parameter_rows
+
+    rows = [(r.name, r.kind, r.default, r.description) for r in parameter_rows(cls.Params)]
     typer.echo(f"{name}: {doc}")
-    if not fields:
+    if not rows:
         typer.echo("  (no parameters)")
         return
-    rows = []
-    for name, info in fields.items():
-        kind = _type_name(info.annotation)
-        default = "required" if info.is_required() else repr(info.get_default(
-            call_default_factory=True))
-        rows.append((name, kind, default, info.description or ""))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for name, kind, default, doc in rows:
         typer.echo(f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {doc}")

@@ -78,7 +78,8 @@ class Run:
         cfg = self.config
         if engine is None and cfg.engine == "flower":
             raise FedflockError("engine 'flower' runs through Flower: `run_experiment` "
-                                "(simulation) or `flwr run \"$(fedflock flower-app)\"` (README)")
+                                "(simulation) or `flwr run \"$(fedflock flower-app)\"` "
+                                "(docs/deploying.md)")
         engine = engine or EmbeddedEngine.from_config(cfg)
         engine.norm_bound = cfg.server.norm_bound
         try:  # every config error is raised before the run directory is touched

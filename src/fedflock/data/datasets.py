@@ -57,7 +57,8 @@ class Dataset:
 Reader = Callable[[Path | None], Dataset]
 DATASETS: Registry[Reader] = Registry("dataset")
 
-_HOW_TO_GET = "set data.root or FEDFLOCK_DATA to the folder holding the files (README, *Data*)"
+_HOW_TO_GET = ("set data.root or FEDFLOCK_DATA to the folder holding the files "
+               "(docs/getting-started.md, *Data*)")
 _SOURCES = {
     "mnist": "http://yann.lecun.com/exdb/mnist/",
     "fashion_mnist": "https://github.com/zalandoresearch/fashion-mnist (data/fashion/)",
