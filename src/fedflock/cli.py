@@ -221,16 +221,22 @@ def list_components(
 
 def _print_params(name: str, cls: type, doc: str) -> None:
     """One line per parameter of an algorithm's schema: name, type, default, description."""
-    from fedflock.algorithms.describe import parameter_rows
+    from fedflock.algorithms.describe import parameter_groups
 
-    rows = [(r.name, r.kind, r.default, r.description) for r in parameter_rows(cls.Params)]
+    groups = parameter_groups(cls.Params)
     typer.echo(f"{name}: {doc}")
-    if not rows:
+    if not groups:
         typer.echo("  (no parameters)")
         return
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for name, kind, default, doc in rows:
-        typer.echo(f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {doc}")
+    rows = [r for _, group in groups for r in group]
+    widths = [max(len(getattr(r, key)) for r in rows) for key in ("name", "kind", "default")]
+    for title, group in groups:
+        indent = "    " if title else "  "
+        if title:
+            typer.echo(f"  {title}:")
+        for r in group:
+            typer.echo(f"{indent}{r.name:<{widths[0]}}  {r.kind:<{widths[1]}}  "
+                       f"{r.default:<{widths[2]}}  {r.description}")
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,

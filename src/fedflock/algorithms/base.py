@@ -31,6 +31,10 @@ class AlgorithmParams(BaseModel):
     error, never a silent default or an infinite threshold."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # What the parameters control (title -> field names), for `fedflock list --params` and
+    # the method pages; a subclass adds groups or names to an inherited one; a field in no
+    # group is listed under "other".
+    field_groups: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def thresholds(self) -> list[dict[str, Any]]:
         """The decision thresholds a report can draw: `statistic` (a per-cluster round figure

@@ -14,7 +14,7 @@ participation a window may span rounds once the cluster's model has settled.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -31,6 +31,13 @@ from fedflock.wire import Reply, Task
 
 
 class CFLParams(SplitTestParams):
+    field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "split rule": ("split_rule", "eps1", "eps2", "gamma_check"),
+        "split test": ("warmup_rounds", "linkage", "max_clusters"),
+        "windows under partial participation": ("min_replies",),
+        "updates and routing": ("update", "tree_updates"),
+    }
+
     split_rule: Literal["auto", "eps"] = Field(
         "auto", description="auto: split when the pseudo-F (split_statistic) exceeds "
         "f_threshold, whatever the scale of the updates; eps: the paper's rule, mean-update "

@@ -41,12 +41,39 @@ def parameter_rows(params: type[BaseModel]) -> list[ParameterRow]:
             for name, info in params.model_fields.items()]
 
 
-def markdown_table(params: type[BaseModel]) -> str:
-    """The rows as a Markdown table (the method pages)."""
+def parameter_groups(params: type[BaseModel]) -> list[tuple[str, list[ParameterRow]]]:
+    """The rows under what they control (`AlgorithmParams.field_groups`, the class's own groups
+    first, then those it inherits), fields in no group last under "other"; one untitled
+    group when none is declared."""
+    titles: dict[str, list[str]] = {}
+    for klass in params.__mro__:
+        for title, names in vars(klass).get("field_groups", {}).items():
+            titles.setdefault(title, []).extend(names)
     rows = parameter_rows(params)
-    if not rows:
+    if not titles:
+        return [("", rows)] if rows else []
+    order = {name: i for i, name in enumerate(r.name for r in rows)}
+    by_name = {r.name: r for r in rows}
+    unknown = sorted(n for names in titles.values() for n in names if n not in by_name)
+    if unknown:
+        raise ValueError(f"{params.__name__}.field_groups names no field {unknown}")
+    out = [(title, [by_name[n] for n in sorted(names, key=order.__getitem__)])
+           for title, names in titles.items()]
+    grouped = {n for names in titles.values() for n in names}
+    rest = [r for r in rows if r.name not in grouped]
+    return out + ([("other", rest)] if rest else [])
+
+
+def markdown_table(params: type[BaseModel]) -> str:
+    """The groups as Markdown tables (the method pages)."""
+    groups = parameter_groups(params)
+    if not groups:
         return "No parameters.\n"
-    lines = ["| parameter | type | default | what it does |", "|---|---|---|---|"]
-    lines += [f"| `{r.name}` | {r.kind.replace('|', '&#124;')} | `{r.default}` | "
-              f"{r.description.replace('|', '&#124;')} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    parts = []
+    for title, rows in groups:
+        lines = ([f"**{title}**", ""] if title else []) + [
+            "| parameter | type | default | what it does |", "|---|---|---|---|"]
+        lines += [f"| `{r.name}` | {r.kind.replace('|', '&#124;')} | `{r.default}` | "
+                  f"{r.description.replace('|', '&#124;')} |" for r in rows]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"

@@ -57,7 +57,7 @@ skew at 50 clients after a 5-round warm-up. `benchmarks/distfl_rules.py`,
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -82,6 +82,12 @@ from fedflock.wire import Reply
 
 
 class DistFLParams(AlgorithmParams):
+    field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "when to cluster": ("warmup_rounds", "recluster_every"),
+        "synthesised inputs": ("synthetic", "importance", "steps", "synthesis_lr"),
+        "joining clients": ("divergence", "threshold", "neighbours"),
+    }
+
     warmup_rounds: int = Field(5, ge=1, description="FedAvg rounds; the clients' uploads of "
                                "this round are clustered (the authors' code: 5)")
     recluster_every: int | None = Field(None, ge=1, description="cluster again every this "

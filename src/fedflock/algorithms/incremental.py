@@ -16,7 +16,7 @@ Departures from the paper, with their reasons and measurements: docs/methods/inc
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -41,6 +41,13 @@ from fedflock.wire import Reply, Task
 
 
 class IncrementalParams(SplitTestParams):
+    field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "when to cluster": ("cluster_when", "warmup_rounds", "min_coverage", "cluster_round"),
+        "communities": ("similarity", "resolution", "max_cross_ratio", "backend"),
+        "after clustering": ("restart", "recheck", "placement_delay", "max_placement_wait"),
+        "memory at scale": ("sketch", "neighbours"),
+    }
+
     similarity: Literal["cosine", "euclidean", "manhattan"] = Field(
         "cosine", description="measure between the stored latest updates")
     cluster_when: Literal["groups", "settled"] = Field(

@@ -4,7 +4,7 @@ clusters on their members' updates (CFL, incremental clustering): what a window 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -14,6 +14,13 @@ from fedflock.clustering.watch import WindowRule
 
 
 class SplitTestParams(AlgorithmParams):
+    field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "split test": ("split_statistic", "split_into", "f_threshold", "patience",
+                       "min_cluster_size"),
+        "windows under partial participation": ("window_coverage", "same_round_share",
+                                                "stable_tol"),
+    }
+
     split_statistic: SplitStatistic = Field(
         "kway", description="what a window scores: kway, the pseudo-F of the best cut of the "
         "min-max merge tree into 2 to n/2 parts; bipartition, of its cut in two (finds at most "
