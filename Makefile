@@ -27,12 +27,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples mkdocs_hooks.py
 	$(BIN)/lint-imports
+	$(BIN)/python -m benchmarks.reproduce render --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .docs-check
 	rm -rf .docs-check
 	$(BIN)/python -m pytest
 
-# The documentation site into site/ (strict: a broken link or a missing page fails).
+# The documentation site into site/ (strict: a broken link or a missing page fails), after
+# checking that every published table is the rendering of its committed rows.
 docs: $(STAMP)
+	$(BIN)/python -m benchmarks.reproduce render --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
