@@ -23,7 +23,7 @@ import re
 import statistics
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ class Table:
     page: str  # under docs/
     experiments: tuple[Experiment, ...]
     seeds: tuple[int, ...] = (0, 1, 2)
-    overrides: dict[str, Any] = field(default_factory=dict)
 
     def runs(self, quick: bool) -> list[tuple[Experiment, str, int]]:
         seeds = self.seeds[:1] if quick else self.seeds
@@ -76,14 +75,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def run_one(table: Table, experiment: Experiment, algorithm: str, seed: int, quick: bool,
             out: Path) -> dict[str, Any]:
     """One run's row: final and best-over-rounds accuracy, worst client, clusters, ARI."""
-    import yaml
-
     from fedflock.api import run
+    from fedflock.compare import config_for
+    from fedflock.config import load_raw
 
-    raw = yaml.safe_load((ROOT / "configs" / experiment.config).read_text())
-    raw = {**raw, **table.overrides, "seed": seed}
-    if raw.get("algorithm", {}).get("name") != algorithm:
-        raw["algorithm"] = {"name": algorithm}  # the others with their defaults (as compare)
+    raw = config_for(load_raw(ROOT / "configs" / experiment.config), algorithm)
+    raw["seed"] = seed
     if quick:
         raw["rounds"] = QUICK_ROUNDS
     stem = experiment.config.removesuffix(".yaml")

@@ -35,6 +35,16 @@ def header(rows: list[dict[str, Any]]) -> list[str]:
     return columns + ([DP_HEADER] if any("dp" in r for r in rows) else [])
 
 
+def config_for(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """A copy of the raw config running algorithm `name`: the config's own algorithm keeps its
+    parameters, another runs with its defaults (one algorithm's parameters mean nothing to
+    another)."""
+    raw = json.loads(json.dumps(raw))
+    params = raw["algorithm"] if raw["algorithm"]["name"] == name else {}
+    raw["algorithm"] = {**params, "name": name}
+    return raw
+
+
 def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], out: Path,
             quiet: bool = False, resume: bool = False) -> list[dict[str, Any]]:
     """Run every (algorithm, seed) into out/<algorithm>/seed<k>; return one row per algorithm.
@@ -51,9 +61,7 @@ def compare(config: ExperimentConfig, algorithms: list[str], seeds: list[int], o
     # Validate all before running any, so a typo fails in a second, not after an hour.
     configs = {}
     for name in algorithms:
-        raw = json.loads(json.dumps(base))
-        params = raw["algorithm"] if raw["algorithm"]["name"] == name else {}
-        raw["algorithm"] = {**params, "name": name}
+        raw = config_for(base, name)
         for seed in seeds:
             configs[name, seed] = validate({**raw, "seed": seed})
     # ... and every run directory, so a clash is not met after hours of earlier runs

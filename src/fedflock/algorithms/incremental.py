@@ -119,7 +119,6 @@ class Incremental(ClusteredAlgorithm):
                                   p.neighbours, self.context.seed)
         self.trigger = ClusteringTrigger(p.cluster_when, p.warmup_rounds, p.min_coverage,
                                          p.cluster_round)
-        self.initial = self._clusters[0].params.clone()
         self.stability = Stabilisation(p.patience, p.stable_tol)  # the global model's
         self.evidence = GroupEvidence(p.patience)
         self.watches = SplitWatches(p.window_rule(p.min_cluster_size))
@@ -170,7 +169,7 @@ class Incremental(ClusteredAlgorithm):
                 {SCORE_FIGURE[p.split_statistic]: round(score, 4)}
                 if why == "groups" and score is not None else {})
             parent = self._clusters[0]
-            start = parent.params if p.restart == "global" else self.initial
+            start = parent.params if p.restart == "global" else self.context.initial
             self._clusters = self.split(rnd, parent, Split(found.parts, figures, found.matrix),
                                         start)
             self._index_members()
