@@ -10,14 +10,15 @@ group together) and reports its final accuracy beside the full oracle's, and the
 method's final clusters against both partitions (read from the grid's run directories).
 
     python benchmarks/congruence.py --seed 0 --runs runs/grid --out runs/congruence.jsonl \\
-        --results benchmarks/results/grid-seed0.jsonl
+        --results benchmarks/results/tables/scenario-grid.jsonl
 
 `--acceptance ROWS` runs nothing: from the grid's rows and these rows it prints the issue's
 acceptance count (paying cells at ARI >= 0.95) under both yardsticks, each feature_skew cell
 of 3 or more groups scored against its groups and against {invert, rest}:
 
-    python benchmarks/congruence.py --seed 1 --results benchmarks/results/grid-seed1.jsonl \\
-        --acceptance benchmarks/results/grid-congruence.jsonl
+    python benchmarks/congruence.py --seed 1 \\
+        --results benchmarks/results/tables/scenario-grid.jsonl \\
+        --acceptance benchmarks/results/tables/scenario-grid-congruence.jsonl
 
 A trial's counts: its rows after the defaults' (`--results grid-seed1.jsonl,<trial rows>`)
 and its congruence rows, made from its run folders with `--coarse-from` the defaults' rows

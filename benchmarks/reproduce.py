@@ -17,136 +17,156 @@ over seeds, the worst client and the clusters and ARI of each seed.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
-import statistics
 import sys
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.tables import (
+    ROOT,
+    STANDARD,
+    ConfigTable,
+    Experiment,
+    GridFigure,
+    GridTable,
+    Headline,
+    HeadlineTable,
+    SweepTable,
+    at_scale,
+    course_table,
+    first_split_cell,
+    grid_found,
+    read_rows,
+    versus,
+)
+
 RESULTS = ROOT / "benchmarks" / "results" / "tables"
 DOCS = ROOT / "docs"
-QUICK_ROUNDS = 10
+
+POISONING = ("incremental", "fedavg", "median", "trimmed_mean", "krum", "multi_krum")
+ROBUST = ("fedavg", "median", "trimmed_mean", "krum", "irls", "credit", "gra")
+ATTACKED = ("benign", "benign_best", "asr", "clusters")
+SPLIT_SETTINGS = [f"algorithm.{name}={value}" for name, values in (
+    ("f_threshold", (2.0, 2.5, 3.5, 5.0, 8.0)), ("patience", (1, 2, 3, 5)),
+    ("warmup_rounds", (0, 5, 10, 20))) for value in values]
+MNIST5K = ("data.dataset=mnist5k", "data.samples_per_client=200", "data.test_per_client=50")
+SPLIT_SCENARIOS = {
+    "mnist5k label_permutation K=4": (*MNIST5K, "data.scenario={kind: label_permutation, "
+                                      "groups: 4}"),
+    "mnist5k rotation K=4": (*MNIST5K, "data.scenario={kind: rotation, groups: 4}"),
+    "digits label_swap K=2": ("data.scenario={kind: label_swap, groups: 2}",),
+    "mnist5k iid": MNIST5K,
+    "digits iid": (),
+}
+IFCA_SCENARIOS = ("label_permutation", "rotation")
+IFCA_ROUNDS = ("rounds=30", "checkpoint_every=30")
+ATTACK_FREE = [("no-attack", "attack=null")]
 
 
-@dataclass(frozen=True)
-class Experiment:
-    config: str  # under configs/
-    algorithms: tuple[str, ...]
-    quick: bool = False  # part of the table's --quick variant (no dataset files needed)
+def fractions(kind: str, shares: tuple[float, ...]) -> list[tuple[str, str]]:
+    return [(f"{kind}-{share:.0%}", f"attack.fraction={share}") for share in shares]
 
 
-@dataclass(frozen=True)
-class Table:
-    name: str
-    page: str  # under docs/
-    experiments: tuple[Experiment, ...]
-    seeds: tuple[int, ...] = (0, 1, 2)
-
-    def runs(self, quick: bool) -> list[tuple[Experiment, str, int]]:
-        seeds = self.seeds[:1] if quick else self.seeds
-        return [(e, a, s) for e in self.experiments if e.quick or not quick
-                for a in e.algorithms for s in seeds]
-
-
-TABLES = {t.name: t for t in [
-    Table("four-groups-digits", "results/index.md", (
+TABLES: dict[str, ConfigTable | GridTable] = {t.name: t for t in [
+    ConfigTable("four-groups-mnist", "results/index.md", (
+        Experiment("mnist_label_permutation.yaml",
+                   ("cfl", "fedavg", "oracle", "fedavg_ft", "local")),
+        Experiment("mnist_rotation.yaml", ("cfl", "fedavg", "oracle")),
+        Experiment("mnist_iid.yaml", ("cfl", "fedavg")),
+    )),
+    ConfigTable("four-groups-digits", "results/index.md", (
         Experiment("digits_label_permutation.yaml", ("cfl", "fedavg", "oracle"), quick=True),
         Experiment("digits_rotation.yaml", ("cfl", "fedavg", "oracle"), quick=True),
         Experiment("digits_iid.yaml", ("cfl", "fedavg"), quick=True),
     )),
+    SweepTable("split-rule-sensitivity", "results/index.md", tuple(
+        Experiment("digits_iid.yaml", ("cfl",), overrides=(setting, "rounds=40", *data),
+                   label=f"{setting} · {scenario}")
+        for setting in SPLIT_SETTINGS for scenario, data in SPLIT_SCENARIOS.items()),
+        seeds=(0, 1), defaults=("algorithm.f_threshold=3.5", "algorithm.patience=3",
+                             "algorithm.warmup_rounds=10")),
+    SweepTable("first-split", "results/index.md", tuple(
+        Experiment("mnist_label_swap.yaml", ("cfl",), overrides=(setting,),
+                   label=f"{setting} · mnist label_swap K=2")
+        for setting in (f"data.samples_per_client={n}" for n in (5, 10, 15, 20, 30, 50, 100, 200))),
+        cell=first_split_cell, legend="Seeds whose first split cut the true groups (its round), "
+        "of seeds"),
+    ConfigTable("partial-10pct", "results/partial-participation.md", (
+        Experiment("mnist_partial_label_permutation.yaml",
+                   ("incremental", "cfl", "fedavg", "oracle")),
+    ), columns=(*STANDARD, "traffic"), threads=1),
+    ConfigTable("partial-1pct", "results/partial-participation.md", (
+        Experiment("mnist_partial_1pct.yaml", ("incremental", "cfl", "fedavg")),
+    ), columns=(*STANDARD, "traffic"), appendix=course_table("incremental", {
+        "ARI, all clients": "ari", "ARI among placed clients": "ari_placed",
+        "clients waiting": "unplaced"})),
+    ConfigTable("sign-flip", "results/poisoning.md", tuple(
+        Experiment("mnist_attack_sign_flip.yaml", POISONING, overrides=(setting,), label=label)
+        for label, setting in ATTACK_FREE + fractions("sign-flip", (0.2, 0.4, 0.6))),
+        columns=ATTACKED),
+    ConfigTable("sign-flip-independent", "results/poisoning.md", (
+        Experiment("mnist_attack_sign_flip.yaml", ("incremental", "fedavg", "median", "krum"),
+                   overrides=("attack.colluding=false",), label="sign-flip-independent-60%"),
+    ), columns=ATTACKED),
+    ConfigTable("model-poisoning-kinds", "results/poisoning.md", tuple(
+        Experiment("mnist_attack_sign_flip.yaml", ("incremental", "fedavg", "median", "krum"),
+                   overrides=("attack.fraction=0.4", "attack.colluding=false",
+                              f"attack.kind={kind}"), label=f"{kind}-40%")
+        for kind in ("random", "zero", "model_replacement")), seeds=(0,), columns=ATTACKED),
+    ConfigTable("label-flip", "results/poisoning.md", tuple(
+        Experiment("mnist_attack_label_flip.yaml", POISONING, overrides=(setting,), label=label)
+        for label, setting in fractions("label-flip", (0.4, 0.6))), columns=ATTACKED),
+    ConfigTable("robust-label-flip", "results/poisoning.md", tuple(
+        Experiment("mnist_attack_label_flip.yaml", ROBUST, overrides=(setting,), label=label)
+        for label, setting in ATTACK_FREE + fractions("label-flip", (0.1, 0.3, 0.4))),
+        columns=ATTACKED),
+    ConfigTable("scale", "results/scale.md", (
+        Experiment("mnist_scale_10k.yaml", ("incremental",), label="10,000 clients, exact"),
+        Experiment("mnist_scale_10k.yaml", ("incremental",), overrides=("algorithm.sketch=4096",),
+                   label="10,000 clients, sketched"),
+        Experiment("mnist_scale_100k.yaml", ("incremental",), label="100,000 clients"),
+    ), seeds=(0,), columns=("final", "clusters", "ari", "clustered", "seconds", "peak_rss"),
+        isolated=True, threads=1),
+    ConfigTable("ifca", "results/ifca.md", (
+        *(Experiment(f"mnist_{scenario}.yaml", ("fedavg",), overrides=IFCA_ROUNDS,
+                     label=f"{scenario}, fedavg") for scenario in IFCA_SCENARIOS),
+        *(Experiment(f"mnist_{scenario}.yaml", ("ifca",), label=f"{scenario}, K={k}, {init}",
+                     overrides=(*IFCA_ROUNDS, f"algorithm={{name: ifca, clusters: {k}, "
+                                f"init: {init}}}"))
+          for scenario in IFCA_SCENARIOS for init in ("random", "clients")
+          for k in ((2, 3, 4) if scenario == "label_permutation" else (4,))),
+    )),
+    GridTable("scenario-grid", "results/scenario-grid.md"),
 ]}
-
-
-def results_file(name: str, results: Path) -> Path:
-    return results / f"{name}.jsonl"
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def run_one(table: Table, experiment: Experiment, algorithm: str, seed: int, quick: bool,
-            out: Path) -> dict[str, Any]:
-    """One run's row: final and best-over-rounds accuracy, worst client, clusters, ARI."""
-    from fedflock.api import run
-    from fedflock.compare import config_for
-    from fedflock.config import load_raw
-
-    raw = config_for(load_raw(ROOT / "configs" / experiment.config), algorithm)
-    raw["seed"] = seed
-    if quick:
-        raw["rounds"] = QUICK_ROUNDS
-    stem = experiment.config.removesuffix(".yaml")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = run(raw, out / table.name / stem / algorithm / f"seed{seed}")
-    curve = [value for _, value in result.curve()]
-    summary = result.summary
-    return {"config": stem, "algorithm": algorithm, "seed": seed, "rounds": raw["rounds"],
-            "final": summary["accuracy"]["mean"], "best": max(curve, default=None),
-            "worst": summary["accuracy"]["worst"], "clusters": summary["num_clusters"],
-            "ari": summary.get("ari")}
-
-
-def run_table(table: Table, quick: bool, results: Path, out: Path) -> Path:
-    path = results_file(table.name, results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["config"], r["algorithm"], r["seed"]) for r in read_rows(path)}
-    for experiment, algorithm, seed in table.runs(quick):
-        key = (experiment.config.removesuffix(".yaml"), algorithm, seed)
-        if key in done:
-            continue
-        row = run_one(table, experiment, algorithm, seed, quick, out)
-        with path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        print(f"{table.name}: {key} final {row['final']:.4f}", flush=True)
-    return path
-
-
-def _mean_std(values: list[float]) -> str:
-    pct = [100 * v for v in values]
-    if len(pct) == 1:
-        return f"{pct[0]:.1f}"
-    return f"{statistics.mean(pct):.1f} ± {statistics.stdev(pct):.1f}"
-
-
-def _ari(value: float | None) -> str:
-    return "–" if value is None or math.isnan(value) else f"{value:.2f}"
-
-
-def render_table(table: Table, rows: list[dict[str, Any]]) -> str:
-    """The Markdown table of a table's rows, in the declared order, and its command."""
-    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: r["seed"]):
-        by_key.setdefault((row["config"], row["algorithm"]), []).append(row)
-    lines = ["| config | algorithm | seeds | final accuracy % | best over rounds % | "
-             "worst client % | clusters | ARI |", "|---|---|---|---|---|---|---|---|"]
-    for experiment in table.experiments:
-        stem = experiment.config.removesuffix(".yaml")
-        for algorithm in experiment.algorithms:
-            got = by_key.get((stem, algorithm))
-            if not got:
-                continue
-            best = [r["best"] for r in got if r["best"] is not None]
-            lines.append(
-                f"| `{stem}` | {algorithm} | {', '.join(str(r['seed']) for r in got)} | "
-                f"**{_mean_std([r['final'] for r in got])}** | "
-                f"{_mean_std(best) if best else '–'} | "
-                f"{statistics.mean(100 * r['worst'] for r in got):.1f} | "
-                f"{', '.join(str(r['clusters']) for r in got)} | "
-                f"{', '.join(_ari(r['ari']) for r in got)} |")
-    rounds = sorted({r["rounds"] for r in rows})
-    lines += ["", f"Rounds: {', '.join(map(str, rounds))}. Rows: "
-              f"`benchmarks/results/tables/{table.name}.jsonl`, made by "
-              f"`python -m benchmarks.reproduce run {table.name}`."]
-    return "\n".join(lines) + "\n"
+R = "docs/results/"
+TABLES["grid-figure"] = GridFigure("grid-figure", "../README.md", "assets/scenario-grid.png",
+                                   "docs/assets/scenario-grid.png")
+TABLES["headline"] = HeadlineTable("headline", "../README.md", (
+    Headline("20 clients, 4 hidden label-permutation groups, MNIST", f"{R}index.md", "Results",
+             versus("four-groups-mnist", ("mnist_label_permutation", "cfl"),
+                    ("mnist_label_permutation", "fedavg"))),
+    Headline("the same clients with IID data (a split is not wanted)", f"{R}index.md",
+             "Results", versus("four-groups-mnist", ("mnist_iid", "cfl"),
+                               ("mnist_iid", "fedavg"))),
+    Headline("100 clients, 4 groups, 1 client sampled per round", f"{R}partial-participation.md",
+             "Partial participation", versus("partial-1pct", ("mnist_partial_1pct", "incremental"),
+                                             ("mnist_partial_1pct", "cfl"))),
+    Headline("66 settings drawn over datasets, scenarios, groups, clients and participation",
+             f"{R}scenario-grid.md", "Scenario grid",
+             grid_found("scenario-grid", "incremental", (1, 2, 3))),
+    Headline("60% colluding sign-flip attackers, 100 clients", f"{R}poisoning.md", "Poisoning",
+             versus("sign-flip", ("sign-flip-60%", "incremental"), ("sign-flip-60%", "median"),
+                    field="benign", what="benign clients: ")),
+    Headline("30% label-flipping clients, IID MNIST", f"{R}poisoning.md", "Poisoning",
+             versus("robust-label-flip", ("label-flip-30%", "median"),
+                    ("label-flip-30%", "irls"), field="benign", what="benign clients: ")),
+    Headline("10,000 clients, 1% per round", f"{R}scale.md", "Scale",
+             at_scale("scale", "10,000 clients, exact", "incremental")),
+    Headline("IFCA, 4 groups: the paper's random models against client-seeded ones",
+             f"{R}ifca.md", "IFCA",
+             versus("ifca", ("label_permutation, K=4, random", "ifca"),
+                    ("label_permutation, K=4, clients", "ifca"),
+                    names=("random", "client-seeded"))),
+))
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -155,7 +175,8 @@ def _block(name: str) -> re.Pattern[str]:
 
 
 def render(results: Path, docs: Path, check: bool) -> list[str]:
-    """Write (or, with `check`, compare) every table into its page; the pages that differ."""
+    """Write (or, with `check`, compare) every table into its page and every figure into its
+    image; the pages and images that differ."""
     stale = []
     for table in TABLES.values():
         page = docs / table.page
@@ -163,12 +184,19 @@ def render(results: Path, docs: Path, check: bool) -> list[str]:
         pattern = _block(table.name)
         if not pattern.search(text):
             raise SystemExit(f"{page}: no '<!-- reproduce: {table.name} -->' block")
-        rendered = render_table(table, read_rows(results_file(table.name, results)))
+        rendered = table.render(results)
         new = pattern.sub(lambda m, body=rendered: m.group(1) + body + m.group(3), text)
         if new != text:
             stale.append(f"{table.page}: table '{table.name}' differs from its rendering")
             if not check:
                 page.write_text(new)
+        if isinstance(table, GridFigure):
+            image, drawn = docs / table.image, table.draw(results)
+            if not image.is_file() or image.read_bytes() != drawn:
+                stale.append(f"{table.image}: figure '{table.name}' differs from its drawing")
+                if not check:
+                    image.parent.mkdir(parents=True, exist_ok=True)
+                    image.write_bytes(drawn)
     return stale
 
 
@@ -190,12 +218,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "list":
         for table in TABLES.values():
-            rows = len(read_rows(results_file(table.name, RESULTS)))
+            rows = sum(len(read_rows(path)) for path in table.rows_files(RESULTS))
             print(f"{table.name}: docs/{table.page}, {len(table.runs(False))} runs "
                   f"({len(table.runs(True))} quick), {rows} rows committed")
     elif args.command == "run":
         results = args.results or (args.out / "results" if args.quick else RESULTS)
-        print(run_table(TABLES[args.name], args.quick, results, args.out))
+        print(TABLES[args.name].run(args.quick, results, args.out))
     else:
         stale = render(args.results, args.docs, args.check)
         for line in stale:

@@ -7,14 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
-from benchmarks import reproduce
+from benchmarks import reproduce, tables
 
 TABLE = reproduce.TABLES["four-groups-digits"]
 
 
 def _copy_docs(tmp_path: Path) -> Path:
+    """docs/ and README.md (the headline and the figure are rendered into it) beside it."""
     docs = tmp_path / "docs"
     shutil.copytree(reproduce.DOCS, docs)
+    shutil.copy(reproduce.ROOT / "README.md", tmp_path / "README.md")
     return docs
 
 
@@ -25,8 +27,8 @@ def test_the_committed_pages_are_their_tables_renderings() -> None:
 def test_a_changed_number_in_the_rows_fails_the_check_naming_the_page(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", _copy_docs(tmp_path)
     shutil.copytree(reproduce.RESULTS, results)
-    path = reproduce.results_file(TABLE.name, results)
-    rows = reproduce.read_rows(path)
+    path = TABLE.rows_files(results)[0]
+    rows = tables.read_rows(path)
     rows[0]["final"] = round(rows[0]["final"] - 0.05, 6)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     before = (docs / TABLE.page).read_text()
@@ -40,12 +42,109 @@ def test_a_changed_number_in_the_rows_fails_the_check_naming_the_page(tmp_path: 
 
 def test_the_quick_variant_runs_from_scratch_and_renders_into_its_page(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", _copy_docs(tmp_path)
-    path = reproduce.run_table(TABLE, quick=True, results=results, out=tmp_path / "runs")
-    rows = reproduce.read_rows(path)
+    path = TABLE.run(quick=True, results=results, out=tmp_path / "runs")
+    rows = tables.read_rows(path)
     assert len(rows) == len(TABLE.runs(quick=True)) and {r["rounds"] for r in rows} == {
-        reproduce.QUICK_ROUNDS}
+        tables.QUICK_ROUNDS}
     assert all(0 <= r["final"] <= 1 and r["best"] is not None for r in rows)
     reproduce.render(results, docs, check=False)
     page = (docs / TABLE.page).read_text()
     assert "| `digits_iid` | fedavg | 0 |" in page
     assert "benchmarks.reproduce run four-groups-digits" in page
+
+
+def test_an_attacked_table_records_benign_accuracy_and_attack_success(tmp_path: Path) -> None:
+    table = tables.ConfigTable("attacked", "x.md", (
+        tables.Experiment("digits_iid.yaml", ("fedavg", "median"), quick=True,
+                          overrides=("attack={kind: label_flip, fraction: 0.3}",),
+                          label="flip-30%"),
+        tables.Experiment("digits_iid.yaml", ("fedavg",), quick=True,
+                          overrides=("attack=null",), label="no-attack"),
+    ), columns=("benign", "benign_best", "asr", "clusters"), isolated=True)
+    rows = tables.read_rows(table.run(quick=True, results=tmp_path, out=tmp_path / "runs"))
+    attacked = [r for r in rows if r["config"] == "flip-30%"]
+    assert [r["algorithm"] for r in attacked] == ["fedavg", "median"]
+    assert all(0 <= r["asr"] <= 1 and 0 < r["benign"] <= r["benign_best"] + 1e-5
+               for r in attacked)
+    clean = next(r for r in rows if r["config"] == "no-attack")
+    assert clean["benign"] == clean["final"] and clean.get("asr") is None
+    assert all(r["peak_rss"] > 2**20 for r in rows)  # its own process's, in bytes
+    text = table.render(tmp_path)
+    assert "| `flip-30%` | median | 0 |" in text and "| `no-attack` | fedavg | 0 |" in text
+    assert "attack success %" in text and text.count("\n| `") == 3
+
+
+def _grid_row(cell: str, scenario: str, algorithm: str, seed: int, accuracy: float,
+              ari: float, clusters: int = 1) -> dict:
+    return {"cell": cell, "scenario": scenario, "algorithm": algorithm, "seed": seed,
+            "accuracy": accuracy, "ari": ari, "clusters": clusters}
+
+
+def test_the_grid_table_counts_paying_cells_both_yardsticks_and_control_splits(
+        tmp_path: Path) -> None:
+    rows = []
+    for cell, scenario, fedavg, oracle, found in [
+            ("perm", "label_permutation", 0.3, 0.9, (1.0, 4)),   # pays, found
+            ("rot", "rotation", 0.8, 0.9, (0.5, 2)),             # pays, missed
+            ("skew", "feature_skew", 0.7, 0.8, (0.3, 2)),        # pays, right on {invert, rest}
+            ("flat", "label_swap", 0.9, 0.92, (0.0, 1)),         # gains < 5 points: not counted
+            ("iid", "iid", 0.9, 0.9, (1.0, 2)),                  # a control that split
+            ("writers", "natural", 0.6, 0.6, (1.0, 1))]:
+        rows += [_grid_row(cell, scenario, "fedavg", 0, fedavg, 0.0),
+                 _grid_row(cell, scenario, "oracle", 0, oracle, 1.0),
+                 _grid_row(cell, scenario, "cfl", 0, 0.8, found[0], found[1])]
+    table = tables.GridTable("grid", "x.md", seeds=(0,), methods=("cfl",))
+    rows_path, coarse_path = table.rows_files(tmp_path)
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    coarse_path.write_text(json.dumps({"cell": "skew", "seed": 0, "cfl": {"ari_coarse": 1.0}})
+                           + "\n")
+    assert "| 0 | cfl | 3 | 1 (33.3%) | 2 (66.7%) | 1 of 1 | 0 of 1 |" in table.render(tmp_path)
+
+
+def test_the_readme_headline_and_figure_follow_the_rows_they_read(tmp_path: Path) -> None:
+    results, docs = tmp_path / "results", _copy_docs(tmp_path)
+    shutil.copytree(reproduce.RESULTS, results)
+    mnist = results / "four-groups-mnist.jsonl"
+    rows = tables.read_rows(mnist)
+    for row in rows:
+        if row["algorithm"] == "fedavg" and row["config"] == "mnist_label_permutation":
+            row["final"] = 0.5
+    mnist.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    grid = results / "scenario-grid.jsonl"
+    grid.write_text("".join(json.dumps(r | {"accuracy": 0.5}) + "\n"
+                            for r in tables.read_rows(grid)))
+    assert sorted(reproduce.render(results, docs, check=True)) == [
+        "../README.md: table 'headline' differs from its rendering",
+        "assets/scenario-grid.png: figure 'grid-figure' differs from its drawing",
+        "results/index.md: table 'four-groups-mnist' differs from its rendering",
+        "results/scenario-grid.md: table 'scenario-grid' differs from its rendering"]
+    reproduce.render(results, docs, check=False)
+    assert "against fedavg 50.0 ± 0.0 |" in (tmp_path / "README.md").read_text()
+    assert reproduce.render(results, docs, check=True) == []
+
+
+def test_a_sweep_table_has_a_line_per_setting_and_a_column_per_scenario(tmp_path: Path) -> None:
+    table = tables.SweepTable("sweep", "x.md", tuple(
+        tables.Experiment("digits_iid.yaml", ("cfl",), overrides=(setting,),
+                          label=f"{setting} · {scenario}")
+        for setting in ("a=1", "a=2") for scenario in ("one", "two")), seeds=(0, 1),
+        defaults=("a=1",))
+    rows = [{"config": f"{setting} · {scenario}", "algorithm": "cfl", "seed": seed,
+             "rounds": 5, "ari": ari, "clusters": k}
+            for setting, scenario, ari, k in [("a=1", "one", 1.0, 4), ("a=1", "two", 0.5, 2),
+                                              ("a=2", "one", 0.0, 1)] for seed in (0, 1)]
+    (tmp_path / "sweep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = table.render(tmp_path).splitlines()
+    assert lines[:4] == ["| setting | one | two |", "|---|---|---|",
+                         "| `a=1` * | 1.00 / 4.0 | 0.50 / 2.0 |", "| `a=2` | 0.00 / 1.0 | – |"]
+
+
+def test_a_course_appendix_averages_each_round_over_seeds() -> None:
+    rows = [{"algorithm": "incremental", "course": [{"round": 10, "ari": a, "unplaced": u},
+                                                    {"round": 20, "ari": 1.0}]}
+            for a, u in ((0.5, 10), (1.0, 20))] + [
+        {"algorithm": "cfl", "course": [{"round": 10, "ari": 0.0}]}]
+    text = tables.course_table("incremental", {"ARI": "ari", "waiting": "unplaced"})(rows)
+    assert text.splitlines() == ["| round | 10 | 20 |", "|---|---|---|",
+                                 "| ARI (incremental) | 0.75 | 1.00 |",
+                                 "| waiting (incremental) | 15 | – |"]
