@@ -31,6 +31,7 @@ from benchmarks.tables import (
     Headline,
     HeadlineTable,
     SweepTable,
+    View,
     at_scale,
     course_table,
     first_split_cell,
@@ -66,7 +67,7 @@ def fractions(kind: str, shares: tuple[float, ...]) -> list[tuple[str, str]]:
     return [(f"{kind}-{share:.0%}", f"attack.fraction={share}") for share in shares]
 
 
-TABLES: dict[str, ConfigTable | GridTable] = {t.name: t for t in [
+TABLES: dict[str, ConfigTable | GridTable | View] = {t.name: t for t in [
     ConfigTable("four-groups-mnist", "results/index.md", (
         Experiment("mnist_label_permutation.yaml",
                    ("cfl", "fedavg", "oracle", "fedavg_ft", "local")),

@@ -493,12 +493,9 @@ class Headline:
     figure: Callable[[Path], str]  # from the committed rows
 
 
-@dataclass(frozen=True)
-class HeadlineTable:
-    """A summary of other tables: one line per experiment, its figure read from their rows."""
+class View:
+    """A table or figure made from other tables' rows: it has none of its own to run."""
     name: str
-    page: str
-    lines: tuple[Headline, ...]
 
     def runs(self, quick: bool) -> list[Any]:
         return []
@@ -507,7 +504,15 @@ class HeadlineTable:
         return []
 
     def run(self, quick: bool, results: Path, out: Path) -> Path:
-        raise SystemExit(f"{self.name}: nothing to run (it reads the other tables' rows)")
+        raise SystemExit(f"{self.name}: nothing to run (it is drawn from other tables' rows)")
+
+
+@dataclass(frozen=True)
+class HeadlineTable(View):
+    """A summary of other tables: one line per experiment, its figure read from their rows."""
+    name: str
+    page: str
+    lines: tuple[Headline, ...]
 
     def render(self, results: Path) -> str:
         lines = ["| experiment | headline (final round, mean ± std over seeds) | page |",
@@ -518,7 +523,7 @@ class HeadlineTable:
 
 
 @dataclass(frozen=True)
-class GridFigure:
+class GridFigure(View):
     """The scenario grid in one picture: each method's final accuracy against the oracle's on
     every cell and seed, FedAvg's beside it. Drawn from the grid's rows into `image` (under
     docs/), and the page shows it."""
@@ -528,15 +533,6 @@ class GridFigure:
     link: str  # the image as the page links it
     table: str = "scenario-grid"
     methods: tuple[str, ...] = ("incremental", "cfl")
-
-    def runs(self, quick: bool) -> list[Any]:
-        return []
-
-    def rows_files(self, results: Path) -> list[Path]:
-        return []
-
-    def run(self, quick: bool, results: Path, out: Path) -> Path:
-        raise SystemExit(f"{self.name}: nothing to run (it draws {self.table}'s rows)")
 
     def render(self, results: Path) -> str:
         return (f"![Final accuracy of FedAvg and of the clustering methods against the "
