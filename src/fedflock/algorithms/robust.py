@@ -86,8 +86,9 @@ class _Reporting(ClusteredAlgorithm):
 
 
 class IRLSParams(AlgorithmParams):
-    lam: float = Field(2.0, gt=0, description="Huber cut-off on the standardised residuals "
-                       "(paper: 2)")
+    lam: float = Field(2.0, gt=0, description="λ of the Huber cut-off λ·√(2/n) on the "
+                       "standardised residuals (paper: 2); lower it to down-weight outlying "
+                       "values sooner")
     threshold: float = Field(0.1, ge=0, le=1, description="a value whose confidence is below "
                              "this is replaced by the fitted line (paper: 0.1)")
 
