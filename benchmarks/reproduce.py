@@ -59,6 +59,8 @@ SPLIT_SCENARIOS = {
     "mnist5k iid": MNIST5K,
     "digits iid": (),
 }
+DISTFL_BASELINES = ("distfl", "fedavg", "local", "fedavg_ft")  # fedavg_ft: the paper's LG-Net
+HAR = ("rounds=20", "algorithm={name: distfl, warmup_rounds: 5}")
 IFCA_SCENARIOS = ("label_permutation", "rotation")
 IFCA_ROUNDS = ("rounds=30", "checkpoint_every=30")
 ATTACK_FREE = [("no-attack", "attack=null")]
@@ -137,6 +139,12 @@ TABLES: dict[str, ConfigTable | GridTable | View] = {t.name: t for t in [
           for scenario in IFCA_SCENARIOS for init in ("random", "clients")
           for k in ((2, 3, 4) if scenario == "label_permutation" else (4,))),
     )),
+    ConfigTable("distfl-har", "results/distfl.md", (
+        Experiment("har_users.yaml", DISTFL_BASELINES, overrides=HAR),
+        *(Experiment("har_users.yaml", ("ifca",), label=f"har_users, K={k}",
+                     overrides=(*HAR, f"algorithm={{name: ifca, clusters: {k}}}"))
+          for k in (2, 3)),
+    ), threads=1),
     GridTable("scenario-grid", "results/scenario-grid.md"),
 ]}
 R = "docs/results/"
