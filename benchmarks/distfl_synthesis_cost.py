@@ -7,17 +7,22 @@ dataset pushed through the model in train mode), so the synthesis matches statis
 a trained model holds; its cost does not depend on the weights' values, only on the model's size
 and z. The responses are those of `clients` copies of the model (the cost of running n uploads).
 
-    python benchmarks/distfl_synthesis_cost.py
-    python benchmarks/distfl_synthesis_cost.py --models cnn_bn:mnist,vgg11_bn:cifar10 --steps 200
+    python -m benchmarks.distfl_synthesis_cost
+    python -m benchmarks.distfl_synthesis_cost --models cnn_bn:mnist,vgg11_bn:cifar10 --steps 200
+
+`--rows FILE` also writes each line as JSON (the `distfl-synthesis-cost` table of
+`benchmarks/reproduce.py` is rendered from them).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
+from benchmarks.tables import append_row, machine_facts
 from fedflock.config import DataConfig, ModelConfig
 from fedflock.data import build_federated_data
 from fedflock.models import ModelHandle
@@ -50,7 +55,9 @@ def main() -> None:
     parser.add_argument("--importance", default="0.25,0.5,1.0")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--rows", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
+    machine = machine_facts()
     print(f"synthesis: {args.steps} Adam steps; responses: {args.clients} client models; "
           f"torch threads {torch.get_num_threads()}")
     print("| model | dataset | parameters | z | E | synthesis s | loss drop | responses s |")
@@ -72,6 +79,12 @@ def main() -> None:
                 drop = synthesis.losses[0] / max(synthesis.losses[-1], 1e-12)
                 print(f"| {name} | {dataset} | {params:,} | {z} | {keep:g} | {t1 - t0:.2f} | "
                       f"{drop:.0f}x | {t2 - t1:.2f} |", flush=True)
+                if args.rows:
+                    append_row(args.rows, {
+                        "model": name, "dataset": dataset, "parameters": params, "z": z,
+                        "importance": keep, "steps": args.steps, "clients": args.clients,
+                        "synthesis_seconds": t1 - t0, "loss_drop": drop,
+                        "responses_seconds": t2 - t1, "machine": machine})
 
 
 if __name__ == "__main__":

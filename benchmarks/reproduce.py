@@ -31,6 +31,7 @@ from benchmarks.tables import (
     Headline,
     HeadlineTable,
     SweepTable,
+    TimingTable,
     View,
     at_scale,
     course_table,
@@ -61,6 +62,24 @@ SPLIT_SCENARIOS = {
 }
 DISTFL_BASELINES = ("distfl", "fedavg", "local", "fedavg_ft")  # fedavg_ft: the paper's LG-Net
 HAR = ("rounds=20", "algorithm={name: distfl, warmup_rounds: 5}")
+FLIP_RULES = ("fedavg", "median", "krum", "gra", "credit", "irls")
+PROBES = [(f"{kind}, {inputs}, {rule}", (f"data.scenario={{kind: {kind}, groups: 2}}",
+                                         f"algorithm.steps={steps}",
+                                         f"algorithm.threshold={threshold}"))
+          for kind in ("feature_skew", "label_permutation", "rotation", "iid")
+          for inputs, steps in (("synthesised", 200), ("noise", 0))
+          for rule, threshold in (("k nearest", "null"), ("threshold 0.2", 0.2))]
+DP_COLUMNS = ("final", "best", "clusters", "ari", "sigma", "epsilon")
+DP_DIGITS = [("no DP", "privacy.dp=null"), *(
+    (f"{mechanism}, ε = {epsilon}", f"privacy.dp={{mechanism: {mechanism}, "
+     f"epsilon: {epsilon}, clip: {clip}}}")
+    for mechanism, clip, epsilons in (("client", 0.5, (300, 30, 8, 1)), ("dp-sgd", 1.0, (8, 1)))
+    for epsilon in epsilons)]
+RULES = [(f"{kind}, {rule}", ("rounds=5", f"data.scenario={{kind: {kind}, groups: {groups}}}",
+                               f"algorithm.threshold={threshold}"))
+         for kind, groups in (("iid", 1), ("category_imbalance", 5), ("label_permutation", 4),
+                              ("feature_skew", 4))
+         for rule, threshold in (("k nearest", "null"), ("threshold 0.2", 0.2))]
 IFCA_SCENARIOS = ("label_permutation", "rotation")
 IFCA_ROUNDS = ("rounds=30", "checkpoint_every=30")
 ATTACK_FREE = [("no-attack", "attack=null")]
@@ -70,7 +89,18 @@ def fractions(kind: str, shares: tuple[float, ...]) -> list[tuple[str, str]]:
     return [(f"{kind}-{share:.0%}", f"attack.fraction={share}") for share in shares]
 
 
-TABLES: dict[str, ConfigTable | GridTable | View] = {t.name: t for t in [
+def category(config: str, ks: tuple[int, ...], noise: bool) -> tuple[Experiment, ...]:
+    """DistFL against its paper's baselines on a category-imbalance config: K-Cluster is IFCA
+    at the given K; `noise` adds DistFL probed with plain noise (what the authors' code uses)."""
+    stem = config.removesuffix(".yaml")
+    return (Experiment(config, DISTFL_BASELINES),
+            *((Experiment(config, ("distfl",), overrides=("algorithm.steps=0",),
+                          label=f"{stem}, noise inputs"),) if noise else ()),
+            *(Experiment(config, ("ifca",), label=f"{stem}, K={k}",
+                         overrides=(f"algorithm={{name: ifca, clusters: {k}}}",)) for k in ks))
+
+
+TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for t in [
     ConfigTable("four-groups-mnist", "results/index.md", (
         Experiment("mnist_label_permutation.yaml",
                    ("cfl", "fedavg", "oracle", "fedavg_ft", "local")),
@@ -145,6 +175,43 @@ TABLES: dict[str, ConfigTable | GridTable | View] = {t.name: t for t in [
                      overrides=(*HAR, f"algorithm={{name: ifca, clusters: {k}}}"))
           for k in (2, 3)),
     ), threads=1),
+    ConfigTable("distfl-category-mnist", "results/distfl.md",
+                category("mnist_category_imbalance.yaml", (3, 5, 7), noise=True),
+                columns=(*STANDARD, "seconds"), threads=1),
+    ConfigTable("distfl-category-cifar10", "results/distfl.md",
+                category("cifar10_category_imbalance.yaml", (5, 3), noise=False),
+                columns=(*STANDARD, "seconds"), threads=1),
+    ConfigTable("distfl-probe", "results/distfl.md", tuple(
+        Experiment("digits_distfl_probe.yaml", ("distfl",), overrides=overrides, label=label)
+        for label, overrides in PROBES), columns=("clusters", "ari"), threads=1),
+    ConfigTable("distfl-rules", "results/distfl.md", tuple(
+        Experiment("mnist_category_imbalance.yaml", ("distfl",), overrides=overrides,
+                   label=label) for label, overrides in RULES), seeds=(0, 1, 2, 3),
+        columns=("clusters", "ari"), threads=1),
+    ConfigTable("distfl-label-flip", "results/distfl.md", tuple(
+        Experiment("mnist_label_flip_distfl.yaml", ("distfl",), overrides=(setting,),
+                   label=label)
+        for label, setting in ATTACK_FREE + fractions("label-flip", (0.1, 0.4, 0.8))),
+        columns=ATTACKED, threads=1),
+    ConfigTable("distfl-label-flip-rules", "results/distfl.md", tuple(
+        Experiment("mnist_label_flip_distfl.yaml", FLIP_RULES, overrides=(setting,),
+                   label=label)
+        for label, setting in ATTACK_FREE + fractions("label-flip", (0.1, 0.4, 0.8))),
+        columns=ATTACKED, threads=1),
+    TimingTable("distfl-synthesis-cost", "results/distfl.md", "distfl_synthesis_cost", (
+        ("model", "`{model}`"), ("dataset", "{dataset}"), ("parameters", "{parameters:,}"),
+        ("z", "{z}"), ("E", "{importance:.0%}"), ("synthesis s", "{synthesis_seconds:.1f}"),
+        ("loss fell", "{loss_drop:.0f}×"), ("responses of 50 models s", "{responses_seconds:.1f}"),
+    ), args=("--models", "cnn_bn:mnist,cnn_bn:cifar10,cnn1d_bn:har,vgg11_bn:cifar10,"
+             "resnet18:cifar10", "--z", "50,200", "--importance", "0.5,1.0")),
+    ConfigTable("dp-digits", "privacy.md", tuple(
+        Experiment("digits_label_permutation.yaml", ("fedavg", "cfl"),
+                   overrides=("rounds=50", setting), label=label)
+        for label, setting in DP_DIGITS), columns=DP_COLUMNS),
+    ConfigTable("dp-distfl", "privacy.md", tuple(
+        Experiment("mnist_category_imbalance.yaml", DISTFL_BASELINES, label=f"client, ε = {e}",
+                   overrides=(f"privacy.dp={{mechanism: client, epsilon: {e}, clip: 1.0}}",))
+        for e in (30, 8, 1)), columns=DP_COLUMNS, threads=1),
     GridTable("scenario-grid", "results/scenario-grid.md"),
 ]}
 R = "docs/results/"
@@ -222,6 +289,8 @@ def main() -> None:
                       help="where the rows go (default: the committed ones; --quick: "
                       "runs/reproduce/results)")
     runs.add_argument("--out", type=Path, default=Path("runs/reproduce"))
+    runs.add_argument("--jobs", type=int, default=1, help="runs at a time, each in a fresh "
+                      "process (a table's wall seconds then share the machine)")
     renders = sub.add_parser("render")
     renders.add_argument("--check", action="store_true")
     renders.add_argument("--results", type=Path, default=RESULTS)
@@ -234,7 +303,7 @@ def main() -> None:
                   f"({len(table.runs(True))} quick), {rows} rows committed")
     elif args.command == "run":
         results = args.results or (args.out / "results" if args.quick else RESULTS)
-        print(TABLES[args.name].run(args.quick, results, args.out))
+        print(TABLES[args.name].run(args.quick, results, args.out, args.jobs))
     else:
         stale = render(args.results, args.docs, args.check)
         for line in stale:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,8 @@ COLUMNS = {
         f"{r['clustered_round']} ({r['clustered_seen']:,})" if r.get("clustered_round")
         else "–" for r in rows)),
     "peak_rss": _mean_of("peak RSS GiB", "peak_rss", 1 / 2**30, 2),
+    "sigma": _mean_of("σ", "sigma", 1, 2),
+    "epsilon": _mean_of("whole-run ε", "epsilon", 1, 1),
 }
 STANDARD = ("final", "best", "worst", "clusters", "ari")
 
@@ -173,6 +175,8 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
         # correct: each part holds one group and no group is in two parts
         row["first_split"] = {"round": first["round"], "correct": all(
             len(h) == 1 for h in held) and len(set().union(*held)) == len(held)}
+    if summary.get("dp"):  # the noise the privacy budget cost, and the budget spent
+        row |= {"sigma": summary["dp"]["noise_multiplier"], "epsilon": summary["dp"]["epsilon"]}
     clustering = next((r for r in result.metrics if "clustering_seconds" in r), None)
     if clustering:  # incremental's clustering round: when, with how many clients seen
         row |= {"clustered_round": clustering["round"], "clustered_seen": clustering["stored"],
@@ -214,21 +218,31 @@ class ConfigTable:
     def rows_files(self, results: Path) -> list[Path]:
         return [results / f"{self.name}.jsonl"]
 
-    def run(self, quick: bool, results: Path, out: Path) -> Path:
-        """Every run not already in the rows file, appended to it as it finishes."""
+    def run(self, quick: bool, results: Path, out: Path, jobs: int = 1) -> Path:
+        """Every run not already in the rows file, appended to it as it finishes; with `jobs`
+        > 1 that many at a time, each in a fresh process (rows land in finishing order;
+        rendering orders them)."""
         path = self.rows_files(results)[0]
         path.parent.mkdir(parents=True, exist_ok=True)
         done = {(r["config"], r["algorithm"], r["seed"]) for r in read_rows(path)}
-        runner = _run_isolated if self.isolated else run_one
-        for experiment, algorithm, seed in self.runs(quick):
-            key = (experiment.key, algorithm, seed)
-            if key in done:
-                continue
-            where = out / self.name / experiment.key / algorithm / f"seed{seed}"
-            row = runner(experiment, algorithm, seed, QUICK_ROUNDS if quick else None,
-                         self.threads, where)
+        todo = [(e, a, s, QUICK_ROUNDS if quick else None, self.threads,
+                 out / self.name / e.key / a / f"seed{s}")
+                for e, a, s in self.runs(quick) if (e.key, a, s) not in done]
+
+        def record(row: Row) -> None:
             append_row(path, row)
-            print(f"{self.name}: {key} final {row['final']:.4f}", flush=True)
+            print(f"{self.name}: {(row['config'], row['algorithm'], row['seed'])} "
+                  f"final {row['final']:.4f}", flush=True)
+
+        if jobs > 1:
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(jobs, mp_context=spawn, max_tasks_per_child=1) as pool:
+                for future in as_completed([pool.submit(run_one, *args) for args in todo]):
+                    record(future.result())
+        else:
+            runner = _run_isolated if self.isolated else run_one
+            for args in todo:
+                record(runner(*args))
         return path
 
     def render(self, results: Path) -> str:
@@ -366,11 +380,13 @@ class GridTable:
     def rows_files(self, results: Path) -> list[Path]:
         return [results / f"{self.name}.jsonl", results / f"{self.name}-congruence.jsonl"]
 
-    def run(self, quick: bool, results: Path, out: Path) -> Path:
+    def run(self, quick: bool, results: Path, out: Path, jobs: int = 1) -> Path:
         """Each seed's grid (`grid.py`, resumable) and its feature_skew {invert, rest} rows
         (`congruence.py`), then their rows appended to the table's files."""
         if quick:
             raise SystemExit(f"{self.name}: no --quick variant (a seed is hours of CPU)")
+        if jobs > 1:
+            raise SystemExit(f"{self.name}: no --jobs (grid.py runs its cells one at a time)")
         rows_path, coarse_path = self.rows_files(results)
         have = {(r["cell"], r["algorithm"], r["seed"]) for r in read_rows(rows_path)}
         coarse_have = {(r["cell"], r["seed"]) for r in read_rows(coarse_path)}
@@ -434,6 +450,65 @@ class GridTable:
                   f"`{self.name}-congruence.jsonl`, made by "
                   f"`python -m benchmarks.reproduce run {self.name}`."]
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class TimingTable:
+    """Rows measured by a benchmark module (`python -m benchmarks.MODULE args... --rows FILE`
+    writes one JSON line per measurement, with `machine_facts()`), rendered in its order:
+    one column per (header, format) pair, the format filled from a row (`"{seconds:.1f}"`).
+    Timings depend on the machine and its load: the footer says which the rows record."""
+    name: str
+    page: str
+    module: str  # benchmarks.<module>
+    fields: tuple[tuple[str, str], ...]
+    args: tuple[str, ...] = ()
+
+    def runs(self, quick: bool) -> list[str]:
+        return [] if quick else [self.module]
+
+    def rows_files(self, results: Path) -> list[Path]:
+        return [results / f"{self.name}.jsonl"]
+
+    def run(self, quick: bool, results: Path, out: Path, jobs: int = 1) -> Path:
+        """The script, afresh: its rows replace the table's (a timing is not resumed)."""
+        if quick or jobs > 1:
+            raise SystemExit(f"{self.name}: timings run whole and alone (no --quick, no --jobs)")
+        path = self.rows_files(results)[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = out / self.name / "rows.jsonl"
+        fresh.parent.mkdir(parents=True, exist_ok=True)
+        fresh.unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", f"benchmarks.{self.module}", *self.args,
+                        "--rows", str(fresh.resolve())], check=True, cwd=ROOT)
+        path.write_text(fresh.read_text())
+        return path
+
+    def render(self, results: Path) -> str:
+        rows = read_rows(self.rows_files(results)[0])
+        if not rows:
+            return not_run(self.name)
+        lines = ["| " + " | ".join(h for h, _ in self.fields) + " |",
+                 "|" + "---|" * len(self.fields)]
+        lines += ["| " + " | ".join(f.format_map(r) for _, f in self.fields) + " |"
+                  for r in rows]
+        machine = rows[0].get("machine", {})
+        facts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in machine.items())
+        lines += ["", f"Measured on {facts or 'an unrecorded machine'}. Rows: "
+                  f"`benchmarks/results/tables/{self.name}.jsonl`, made by "
+                  f"`python -m benchmarks.reproduce run {self.name}` (it runs "
+                  f"`python -m benchmarks.{' '.join((self.module, *self.args))}`)."]
+        return "\n".join(lines) + "\n"
+
+
+def machine_facts() -> dict[str, Any]:
+    """What a timing depends on, recorded beside it: cores, torch threads, the load at start."""
+    import os
+
+    import torch
+
+    return {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average": round(os.getloadavg()[0], 1)}
 
 
 def _line_rows(results: Path, table: str, config: str, algorithm: str) -> list[Row]:
@@ -503,7 +578,7 @@ class View:
     def rows_files(self, results: Path) -> list[Path]:
         return []
 
-    def run(self, quick: bool, results: Path, out: Path) -> Path:
+    def run(self, quick: bool, results: Path, out: Path, jobs: int = 1) -> Path:
         raise SystemExit(f"{self.name}: nothing to run (it is drawn from other tables' rows)")
 
 

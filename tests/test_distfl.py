@@ -2,7 +2,8 @@
 round synthesises inputs that really move, records its divergences, and its partition is exactly
 the connected components of those divergences under the recorded rule (k nearest neighbours by
 default, the paper's threshold when given); a model without BatchNorm is a config error.
-(Whether the clusters are the right ones is what `benchmarks/distfl_table.py` measures.)"""
+(Whether the clusters are the right ones is what the DistFL tables of `benchmarks/reproduce.py`
+measure.)"""
 
 from __future__ import annotations
 

@@ -148,3 +148,34 @@ def test_a_course_appendix_averages_each_round_over_seeds() -> None:
     assert text.splitlines() == ["| round | 10 | 20 |", "|---|---|---|",
                                  "| ARI (incremental) | 0.75 | 1.00 |",
                                  "| waiting (incremental) | 15 | – |"]
+
+
+def test_runs_in_parallel_processes_give_the_rows_of_one_at_a_time(tmp_path: Path) -> None:
+    table = tables.ConfigTable("dp", "x.md", (
+        tables.Experiment("digits_iid.yaml", ("fedavg", "cfl"), overrides=(
+            "rounds=3", "privacy.dp={mechanism: client, epsilon: 8, clip: 0.5}")),
+    ), seeds=(0,), columns=reproduce.DP_COLUMNS)
+    parallel = tables.read_rows(table.run(False, tmp_path / "two", tmp_path / "runs", jobs=2))
+    serial = tables.read_rows(table.run(False, tmp_path / "one", tmp_path / "runs1"))
+    assert len(parallel) == 2
+    assert ({(r["algorithm"], r["final"], r["sigma"]) for r in parallel}
+            == {(r["algorithm"], r["final"], r["sigma"]) for r in serial})
+    assert all(r["sigma"] > 0 and 0 < r["epsilon"] <= 8 + 1e-6 for r in parallel)
+    text = table.render(tmp_path / "two")
+    assert "| σ | whole-run ε |" in text and text.count("\n| `digits_iid` |") == 2
+
+
+def test_a_timing_table_renders_the_rows_its_script_wrote_with_the_machine(
+        tmp_path: Path) -> None:
+    table = tables.TimingTable("cost", "x.md", "distfl_synthesis_cost", (
+        ("model", "`{model}`"), ("z", "{z}"), ("synthesis s", "{synthesis_seconds:.1f}")),
+        args=("--models", "cnn_bn:digits", "--z", "4,8", "--importance", "0.5", "--steps", "2",
+              "--clients", "2"))
+    path = table.run(False, tmp_path / "results", tmp_path / "runs")
+    rows = tables.read_rows(path)
+    assert [r["z"] for r in rows] == [4, 8] and all(r["synthesis_seconds"] > 0 for r in rows)
+    table.run(False, tmp_path / "results", tmp_path / "runs")  # a rerun replaces, not appends
+    assert len(tables.read_rows(path)) == 2
+    text = table.render(tmp_path / "results")
+    assert text.count("\n| `cnn_bn` | ") == 2 and "torch threads" in text
+    assert "python -m benchmarks.distfl_synthesis_cost --models cnn_bn:digits" in text

@@ -41,17 +41,11 @@ The matrix kept with each decision (splits/) is the affinity exp(-divergence / s
 identical responses, exp(-1) at `scale`, the threshold (given) or the median distance of a
 client to its k-th nearest (neighbours).
 
-How the default was chosen: the divergence matrices of 76 clustering rounds (digits with 8 and
-20 clients, MNIST with 50; iid, label permutation, feature skew, rotation, category imbalance;
-seeds 0-5 on digits, 0-3 on MNIST) were clustered offline by several rules (thresholds at
-1.5-5 times the median nearest-neighbour divergence, globally or per client, an MST gap rule,
-recursive pseudo-F splits, k-NN graphs with fixed and growing k). k = round(ln n) kept all 16
-IID controls whole and found the category-imbalance types exactly at 20 and 50 clients (ARI
-1.00 on 10 of 10), where 3 x the median nearest-neighbour KL split them into 9-15 clusters at
-50 clients. It cannot find groups of one or two clients (category imbalance with 8 clients
-and 5 types) and, like every rule tried, does not separate MNIST label permutation or feature
-skew at 50 clients after a 5-round warm-up. `benchmarks/distfl_rules.py`,
-`benchmarks/distfl_probe.py` and `benchmarks/distfl_table.py` measure it.
+How the default was chosen: the `distfl-rules` and `distfl-probe` tables of
+docs/results/distfl.md set it against the paper's threshold on real runs; other rules
+(multiples of the median nearest-neighbour divergence, an MST gap, recursive pseudo-F splits,
+fixed k), compared offline on recorded divergence matrices, are on docs/methods/distfl.md
+under *Tried and rejected*.
 """
 
 from __future__ import annotations
