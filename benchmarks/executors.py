@@ -19,7 +19,7 @@ How the rounds are timed. `metrics.jsonl` holds the phases the engine times (con
 aggregate, evaluate) but not the bookkeeping after them, and `summary.json`'s `wall_seconds`
 also covers start-up, the final fine-tune/evaluation and the summary, so neither gives the true
 length of one round. The script therefore subclasses `Run` and timestamps the start of every
-round (`Run._round`) and every checkpoint (`Run._save_checkpoint`): a round lasts from its own
+round (`Run._round`) and every checkpoint (`Run._checkpoint`): a round lasts from its own
 start to the start of the next one, or to the end of its checkpoint for the last round (which
 always writes one). The remainder after the four engine phases is reported as "log" (metrics
 line, flush, progress). Checkpoints are written only every `checkpoint_every` (10) rounds, so
@@ -36,7 +36,9 @@ Run (about 7 minutes on 2 idle cores for the default grid):
     .venv/bin/python benchmarks/executors.py --clients 20 --executors sequential,processes \\
         --rounds 5 --out runs/bench-executors
 
-Results are also written to `<out>/executors.json`; the run directories stay under `<out>`.
+Results are also written to `<out>/executors.json` (and with `--rows FILE` one line per client
+count, what the `executors` table of benchmarks/reproduce.py renders); the run directories
+stay under `<out>`.
 """
 
 from __future__ import annotations
@@ -105,9 +107,8 @@ class TimedRun(Run):
         self.started = time.perf_counter()
         return super().execute(resume)
 
-    def _round(self, engine: EmbeddedEngine, algorithm: Algorithm, rnd: int,
-               evaluation: dict[int, tuple[float, float]]
-               ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
+    def _round(self, engine: EmbeddedEngine, algorithm: Algorithm, objective: Any, rnd: int,
+               evaluation: Any) -> tuple[dict[str, Any], Any]:
         now = time.perf_counter()
         if rnd - 1 in self.round_starts and rnd - 1 not in self.round_ends:
             self.round_ends[rnd - 1] = now
@@ -115,12 +116,12 @@ class TimedRun(Run):
         if len(totals) >= 2 and sum(totals[1:]) + totals[-1] > self.budget:
             raise _Enough
         self.round_starts[rnd] = now
-        return super()._round(engine, algorithm, rnd, evaluation)
+        return super()._round(engine, algorithm, objective, rnd, evaluation)
 
-    def _save_checkpoint(self, rnd: int, algorithm: Algorithm, engine: EmbeddedEngine,
-                         elapsed: float) -> None:
+    def _checkpoint(self, rnd: int, algorithm: Algorithm, engine: EmbeddedEngine,
+                    elapsed: float) -> None:
         t0 = time.perf_counter()
-        super()._save_checkpoint(rnd, algorithm, engine, elapsed)
+        super()._checkpoint(rnd, algorithm, engine, elapsed)
         t1 = time.perf_counter()
         self.checkpoints[rnd] = t1 - t0
         if rnd == self.config.rounds:  # nothing but the final evaluation follows
@@ -290,6 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="processes of the multi-process executor (default: available cores)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for executors.json and the run directories (default: temp)")
+    parser.add_argument("--rows", type=Path, default=None,
+                        help="also write one JSON line per client count here (the `executors` "
+                             "table of benchmarks/reproduce.py is rendered from them)")
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is warm-up)")
@@ -344,6 +348,32 @@ def main(argv: list[str] | None = None) -> None:
                                 "auto": {str(n): auto_pick(n, args.workers) for n in clients},
                                 "results": [asdict(r) for r in results]}, indent=2) + "\n")
     print(f"results: {path}")
+    if args.rows:
+        write_rows(args.rows, results, clients, executors, args.workers, facts)
+
+
+def write_rows(path: Path, results: list[Result], clients: list[int], executors: list[str],
+               workers: int | None, facts: dict[str, Any]) -> None:
+    """One line per client count: each executor's seconds per round and outside share (NaN
+    where a pair failed), the fastest, what `auto` picks, and the machine."""
+    by_key = {(r.clients, r.executor): r for r in results}
+    machine = {"cores": facts["available_cores"], "torch_threads": facts["torch_threads"],
+               "process_workers": facts["process_workers"],
+               "load_average": facts["load_average_start"][0]}
+    with path.open("a") as fh:
+        for n in clients:
+            row: dict[str, Any] = {"clients": n, "auto": auto_pick(n, workers),
+                                   "machine": machine}
+            timed = []
+            for e in executors:
+                r = by_key[(n, e)]
+                row[f"{e}_seconds"] = r.seconds_per_round or float("nan")
+                row[f"{e}_outside"] = 100 * r.outside_share if r.outside_share is not None \
+                    else float("nan")
+                if r.seconds_per_round is not None:
+                    timed.append((r.seconds_per_round, e))
+            row["fastest"] = min(timed)[1] if timed else "-"
+            fh.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

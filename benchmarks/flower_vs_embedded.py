@@ -8,7 +8,10 @@ the wall time of the command. The reference is Flower's own FedAvg strategy with
 data and local training (`benchmarks/flower_fedavg_app`), timed from after a warm-up message
 (as fedflock's handshake) to the end of its rounds.
 
-    .venv/bin/python benchmarks/flower_vs_embedded.py --clients 20,100 --rounds 10
+    .venv/bin/python -m benchmarks.flower_vs_embedded --clients 20,100 --rounds 10
+
+`--rows FILE` also writes one JSON line per client count: what the `flower-vs-embedded` table
+of `benchmarks/reproduce.py` renders.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from benchmarks.tables import append_row, machine_facts
 
 
 def config(clients: int, rounds: int, engine: str) -> dict:
@@ -85,7 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="20,100")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rows", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
+    machine = machine_facts()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for clients in [int(c) for c in args.clients.split(",")]:
@@ -104,6 +111,15 @@ def main() -> None:
         overhead = flw["seconds_per_round"] / ref["seconds_per_round"] - 1
         print(f"{clients} clients: embedded is {ratio:.1f}x faster per round than fedflock on "
               f"Flower simulation; fedflock on Flower vs Flower's FedAvg: {overhead:+.0%}")
+        if args.rows:
+            append_row(args.rows, {
+                "clients": clients, "rounds": args.rounds,
+                "embedded_seconds": emb["seconds_per_round"],
+                "flower_seconds": flw["seconds_per_round"],
+                "fedavg_seconds": ref["seconds_per_round"], "embedded_faster": ratio,
+                "flower_vs_fedavg": 100 * overhead, "embedded_e2e": emb["end_to_end_seconds"],
+                "flower_e2e": flw["end_to_end_seconds"], "embedded_accuracy": emb["accuracy"],
+                "flower_accuracy": flw["accuracy"], "machine": machine})
     print(json.dumps(rows))
 
 

@@ -204,6 +204,22 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
         ("loss fell", "{loss_drop:.0f}×"), ("responses of 50 models s", "{responses_seconds:.1f}"),
     ), args=("--models", "cnn_bn:mnist,cnn_bn:cifar10,cnn1d_bn:har,vgg11_bn:cifar10,"
              "resnet18:cifar10", "--z", "50,200", "--importance", "0.5,1.0")),
+    TimingTable("executors", "executors.md", "executors", (
+        ("clients", "{clients}"), ("sequential s/round", "{sequential_seconds:.3f}"),
+        ("batched s/round", "{batched_seconds:.3f}"),
+        ("processes s/round", "{processes_seconds:.3f}"), ("fastest", "{fastest}"),
+        ("auto picks", "{auto}"), ("outside training (seq / batched / processes)",
+                                   "{sequential_outside:.1f}% / {batched_outside:.1f}% / "
+                                   "{processes_outside:.1f}%"))),
+    TimingTable("flower-vs-embedded", "deploying.md", "flower_vs_embedded", (
+        ("clients", "{clients}"), ("embedded s/round", "{embedded_seconds:.3f}"),
+        ("fedflock on Flower s/round", "{flower_seconds:.3f}"),
+        ("Flower's FedAvg s/round", "{fedavg_seconds:.3f}"),
+        ("embedded faster by", "{embedded_faster:.1f}×"),
+        ("fedflock on Flower vs Flower's FedAvg", "{flower_vs_fedavg:+.0f}%"),
+        ("end-to-end embedded / on Flower", "{embedded_e2e:.1f} s / {flower_e2e:.1f} s"),
+        ("final accuracy embedded / on Flower", "{embedded_accuracy:.3f} / {flower_accuracy:.3f}"),
+    ), args=("--clients", "20,100", "--rounds", "10")),
     ConfigTable("dp-digits", "privacy.md", tuple(
         Experiment("digits_label_permutation.yaml", ("fedavg", "cfl"),
                    overrides=("rounds=50", setting), label=label)
