@@ -15,7 +15,7 @@ import torch
 
 from fedflock.algorithms import ALGORITHMS
 from fedflock.engines.embedded import EmbeddedEngine
-from fedflock.experiment import build_algorithm, run_experiment, sample_clients
+from fedflock.experiment import build_algorithm, round_clients, run_experiment
 from fedflock.rundir import storable
 from fedflock.validation import validate
 from fedflock.wire import Reply, Task
@@ -51,7 +51,7 @@ def _setup(name: str, fraction: float = 1.0, engine_cls: type = EmbeddedEngine):
 def _play(config, engine, algorithm, rounds: range) -> list[dict]:
     out = []
     for rnd in rounds:
-        clients = sample_clients(engine.num_clients, config.participation, config.seed, rnd)
+        clients = round_clients(algorithm, engine.num_clients, config, rnd)
         diagnostics, _, _ = engine.train_round(algorithm, rnd, clients)
         out.append(diagnostics)
     return out

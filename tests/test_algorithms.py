@@ -190,7 +190,7 @@ def test_assign_places_new_clients_without_a_tree_by_their_own_scores(
     assert summary["ari"] == 1.0 and summary["num_clusters"] == 2
     result = assign_new_clients(out, clients=6, seed=99)
     assert result["routed_correctly"] == 1.0 and result["algorithm"] == algorithm["name"]
-    assert len(result["clients"]) == 6 and not any("path" in r for r in result["clients"])
+    assert len(result["clients"]) == 6 and not any("route" in r for r in result["clients"])
     assert {r["cluster_group"] for r in result["clients"]} == {0, 1}
 
 

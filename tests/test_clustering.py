@@ -208,11 +208,26 @@ def _tree_split_in_two() -> ParameterTree:
     return tree
 
 
+class _Updating:
+    """A newcomer whose update is the same wherever it is asked."""
+
+    id = 0
+
+    def __init__(self, update: list[float]) -> None:
+        self.update = torch.tensor(update)
+
+    def update_at(self, params: torch.Tensor) -> torch.Tensor:
+        return self.update
+
+    def run(self, task):  # a tree asks for updates only
+        raise AssertionError("not asked")
+
+
 def test_parameter_tree_routes_a_client_along_the_most_similar_edge() -> None:
     tree = _tree_split_in_two()
-    leaf, path = tree.route(lambda params: torch.tensor([0.05, 1.0]))
+    leaf, path = tree.route(_Updating([0.05, 1.0]))
     assert leaf == 2 and path[0]["chosen"] == 2
-    leaf, _ = tree.route(lambda params: torch.tensor([1.0, -0.1]))
+    leaf, _ = tree.route(_Updating([1.0, -0.1]))
     assert leaf == 1
     restored = ParameterTree.from_dict(tree.to_dict())
     assert restored.leaves() == [1, 2] and restored.root == 0

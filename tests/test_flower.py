@@ -146,8 +146,13 @@ PARTIAL = {"rounds": 6, "eval_every": 6, "data.clients": 8, "data.samples_per_cl
 IFCA = {"rounds": 3, "eval_every": 3, "algorithm": {"name": "ifca", "clusters": 2}}
 
 
-@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA],
-                         ids=["cfl", "incremental-partial-attack", "ifca"])
+# PACFL: every client's bases through the codec in round 1 although 2 of 4 are sampled, then
+# FedAvg per cluster on the sample.
+PACFL = {"rounds": 3, "eval_every": 3, "algorithm": {"name": "pacfl"}, "participation.count": 2}
+
+
+@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA, PACFL],
+                         ids=["cfl", "incremental-partial-attack", "ifca", "pacfl"])
 def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
                                                                settings: dict) -> None:
     """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
@@ -176,6 +181,9 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
     if settings is IFCA:  # K models went down to every client every round and at the end
         assert summary["communication"]["down_floats"] >= 2 * summary["communication"][
             "up_floats"]
+    if settings is PACFL:  # one clustering, on every client's bases
+        assert [d["kind"] for d in summary["splits"]] == ["cluster"]
+        assert sum(summary["splits"][0]["sizes"]) == raw["data"]["clients"]
     if settings is PARTIAL:  # the scenario really clustered and placed a client by selection
         assert summary["splits"] and summary["splits"][0]["unseen"] == 1
         assert summary["communication"]["down_floats"] > summary["communication"]["up_floats"]

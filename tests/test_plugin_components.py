@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -76,3 +77,13 @@ def test_every_builtin_scenario_is_documented_for_fedflock_list() -> None:
     from fedflock.data import SCENARIO_DOCS
 
     assert set(SCENARIO_DOCS) == set(BUILTIN_SCENARIOS)
+
+
+def test_a_data_subspace_method_refuses_token_inputs_naming_itself_and_the_dataset(
+        tmp_path: Path) -> None:
+    from fedflock.errors import ConfigError
+
+    raw = _config() | {"algorithm": {"name": "pacfl"}}
+    with pytest.raises(ConfigError, match=r"'pacfl'.*'test_tokens'.*token sequences"):
+        run(raw, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any round

@@ -1,5 +1,6 @@
-"""Place new clients into a trained run: through CFL's parameter tree (Algorithm 4 of the
-paper), or, for a method without one, into the cluster model that scores best on the client's
+"""Place new clients into a trained run: through the method's router where it has one (CFL's
+parameter tree, Algorithm 4 of the paper: the row's `route` is the path taken; PACFL: the
+client's data subspaces), or else into the cluster model that scores best on the client's
 own training data, as that method places clients itself (incremental clustering's newcomers:
 the most accurate; IFCA: its criterion, the lowest loss). A method whose clients fine-tune the
 final model (fedavg_ft) has each new client fine-tune the model it joins before it is scored."""
@@ -7,6 +8,7 @@ final model (fedavg_ft) has each new client fine-tune the model it joins before 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +24,38 @@ from fedflock.data.scenarios import build_federated_data
 from fedflock.errors import FedflockError
 from fedflock.rundir import RunDirectory
 from fedflock.validation import validate
+from fedflock.wire import Reply, Task
 
-# (client, runtime) -> (the cluster it joins, the tree path it took: None without a tree)
-Placer = Callable[[int, ClientRuntime], tuple[int, list[int] | None]]
+# (client, runtime) -> (the cluster it joins, how its router decided: None without one)
+Placer = Callable[[int, ClientRuntime], tuple[int, Any]]
 
 
-def _tree_placer(router: Any) -> Placer:
-    def place(client: int, runtime: ClientRuntime) -> tuple[int, list[int] | None]:
-        def update_at(params: torch.Tensor) -> torch.Tensor:
-            reply = Train(client, 0, params).run(runtime)
-            return reply.update[: runtime.spec.num_trainable].reshape(1, -1)
+@dataclass
+class _Joining:
+    """A new client as a router questions it (`fedflock.wire.Newcomer`)."""
 
-        return router.route(update_at)
+    id: int
+    runtime: ClientRuntime
+
+    def update_at(self, params: torch.Tensor) -> torch.Tensor:
+        reply = Train(self.id, 0, params).run(self.runtime)
+        return reply.update[: self.runtime.spec.num_trainable].reshape(1, -1)
+
+    def run(self, task: Task) -> Reply:
+        reply = task.run(self.runtime)
+        task.check(reply)  # a router trusts a new client's reply no more than a member's
+        return reply
+
+
+def _router_placer(router: Any) -> Placer:
+    def place(client: int, runtime: ClientRuntime) -> tuple[int, Any]:
+        return router.route(_Joining(client, runtime))
 
     return place
 
 
 def _score_placer(ids: list[int], models: torch.Tensor, criterion: str) -> Placer:
-    def place(client: int, runtime: ClientRuntime) -> tuple[int, list[int] | None]:
+    def place(client: int, runtime: ClientRuntime) -> tuple[int, Any]:
         reply = Select(client, 0, models, criterion=criterion, train=False).run(runtime)
         return ids[reply.choice], None
 
@@ -56,11 +72,12 @@ def _placement(config: ExperimentConfig, state: dict[str, Any]
         raise FedflockError(f"algorithm {name!r} keeps no shared model a new client could join")
     models = {cid: params for cid, params, _ in clusters}
     members = {cid: group for cid, _, group in clusters}
-    router = cls.newcomer_router(state)
+    params = validate_params(config.algorithm)
+    router = cls.newcomer_router(state, params)
     if router is not None:
-        return _tree_placer(router), models, members
+        return _router_placer(router), models, members
     ids = list(models)
-    criterion = cls.newcomer_criterion(validate_params(config.algorithm))
+    criterion = cls.newcomer_criterion(params)
     return _score_placer(ids, torch.stack([models[i] for i in ids]), criterion), models, members
 
 
@@ -103,12 +120,12 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
               for cid, group in members.items()}
     rows = []
     for client in range(clients):
-        cluster, path = place(client, runtime)
+        cluster, route = place(client, runtime)
         model = _model_for(client, models[cluster], epochs, runtime)
         score = Evaluate(client, 0, model).run(runtime).metrics[metric]
         row = {"client": client, "true_group": int(fresh.groups[client]), "cluster": cluster,
                "cluster_group": serves[cluster], metric: round(score, 4)}
-        rows.append(row | ({"path": path} if path is not None else {}))
+        rows.append(row | ({"route": route} if route is not None else {}))
     correct = [r["true_group"] == r["cluster_group"] for r in rows]
     return {"run": str(run_dir), "algorithm": config.algorithm.name, "metric": metric,
             "finetune_epochs": epochs or 0, "clients": rows,

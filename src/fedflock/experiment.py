@@ -47,6 +47,13 @@ def sample_clients(num_clients: int, participation: ParticipationConfig, seed: i
     return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
 
+def round_clients(algorithm: Algorithm, num_clients: int, config: ExperimentConfig,
+                  rnd: int) -> list[int]:
+    """The clients of round `rnd`: the run's seeded sample, as the algorithm amends it."""
+    return algorithm.participants(rnd, sample_clients(num_clients, config.participation,
+                                                      config.seed, rnd))
+
+
 def build_algorithm(config: ExperimentConfig, engine: Engine) -> Algorithm:
     """The configured algorithm over this engine's federation, with its context."""
     cls = ALGORITHMS.get(config.algorithm.name)
@@ -58,6 +65,7 @@ def build_algorithm(config: ExperimentConfig, engine: Engine) -> Algorithm:
     context = AlgorithmContext(
         num_clients=engine.num_clients, initial=engine.initial_models(1)[0],
         update_size=engine.update_size, seed=config.seed, model=model,
+        data_spec=engine.data_spec, dataset=config.data.dataset,
         make_initial_models=engine.initial_models,
         true_groups=engine.true_groups if cls.uses_ground_truth else None)
     return cls(params, context)
@@ -181,7 +189,7 @@ class Run:
     def _round(self, engine: Engine, algorithm: Algorithm, objective: Any, rnd: int,
                evaluation: Evaluation) -> tuple[dict[str, Any], Evaluation]:
         cfg = self.config
-        clients = sample_clients(engine.num_clients, cfg.participation, cfg.seed, rnd)
+        clients = round_clients(algorithm, engine.num_clients, cfg, rnd)
         scheduled = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
         with_training = scheduled and rnd < cfg.rounds and (
             cfg.eval_mode == "with_training"

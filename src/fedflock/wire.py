@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -167,3 +167,14 @@ def check_metrics(reply: Reply, names: Iterable[str]) -> None:
     missing = [n for n in names if n not in reply.metrics]
     if missing:
         raise InvalidReply(f"reply without metric {missing[0]!r}")
+
+
+class Newcomer(Protocol):
+    """A client joining a trained run, as a method's router questions it (`fedflock assign`):
+    its update at a given model (the trainable part, one row), or its reply to any task."""
+
+    id: int
+
+    def update_at(self, params: torch.Tensor) -> torch.Tensor: ...
+
+    def run(self, task: Task) -> Reply: ...

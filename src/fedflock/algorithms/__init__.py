@@ -13,6 +13,7 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     incremental,
     local,
     oracle,
+    pacfl,
     robust,
 )
 from fedflock.algorithms.base import Algorithm, AlgorithmContext, AlgorithmParams, Decision

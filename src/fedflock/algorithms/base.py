@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from fedflock.data.spec import DataSpec
 from fedflock.models import ModelHandle
 from fedflock.wire import Reply, Task
 
@@ -57,6 +58,8 @@ class AlgorithmContext:
     update_size: int
     seed: int = 0
     model: ModelHandle | None = None
+    data_spec: DataSpec | None = None  # what a sample is (shape, classes, objective)
+    dataset: str = ""  # its name, for errors that must say which data a method cannot use
     make_initial_models: Callable[[int], torch.Tensor] | None = None
     true_groups: np.ndarray | None = None
     rng: np.random.Generator = field(init=False)
@@ -154,10 +157,12 @@ class Algorithm(ABC):
         return None
 
     @classmethod
-    def newcomer_router(cls, state: dict[str, Any]) -> Any | None:
-        """What routes a new client by its updates, from the checkpoint's state: an object
-        whose `route(update_at)` returns (cluster id, path), as CFL's parameter tree. None: a
-        new client picks among `newcomer_clusters` by `newcomer_criterion`."""
+    def newcomer_router(cls, state: dict[str, Any], params: BaseModel) -> Any | None:
+        """What places a new client, from the checkpoint's state and the run's parameters: an
+        object whose `route(client)` questions the client (`fedflock.wire.Newcomer`: its
+        updates, as CFL's parameter tree, or any task's reply, as PACFL's bases) and returns
+        (cluster id, how it decided). None: a new client picks among `newcomer_clusters` by
+        `newcomer_criterion`."""
         return None
 
     @classmethod
@@ -171,6 +176,12 @@ class Algorithm(ABC):
         """Local epochs a new client trains the model it joined before using it, as the method's
         own clients do at the end of a run (fine-tuning); None: it uses the model as it is."""
         return None
+
+    def participants(self, rnd: int, sampled: list[int]) -> list[int]:
+        """The clients asked in round `rnd`, given the run's sample: the sample by default; a
+        method that must hear from other clients (PACFL's one-shot bases: all of them) says
+        so here."""
+        return sampled
 
     @abstractmethod
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:

@@ -92,7 +92,7 @@ class CFL(ClusteredAlgorithm):
         self.watches = SplitWatches(self.params.window_rule(self.params.min_replies))
 
     @classmethod
-    def newcomer_router(cls, state: dict[str, Any]) -> ParameterTree:
+    def newcomer_router(cls, state: dict[str, Any], params: Any) -> ParameterTree:
         return ParameterTree.from_dict(state["tree"])
 
     def train_task(self, rnd: int, client: int, params: torch.Tensor) -> Task:

@@ -61,8 +61,8 @@ from fedflock.algorithms.base import AlgorithmParams, Cluster, Decision
 from fedflock.algorithms.clustered import ClusteredAlgorithm, weighted_mean
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.clustering.threshold import (
-    default_neighbours,
-    neighbour_components,
+    neighbour_partition,
+    separation,
     threshold_components,
 )
 from fedflock.errors import ConfigError
@@ -171,12 +171,7 @@ class DistFL(ClusteredAlgorithm):
         if p.threshold is not None:
             return (threshold_components(divergence, p.threshold),
                     {"threshold": p.threshold, "scale": p.threshold})
-        n = len(divergence)
-        k = min(p.neighbours or default_neighbours(n), n - 1)
-        closer = np.minimum(divergence, divergence.T) + np.diag(np.full(n, np.inf))
-        scale = float(np.median(np.sort(closer, axis=1)[:, k - 1]))
-        return (neighbour_components(divergence, k),
-                {"neighbours": k, "scale": round(max(scale, 1e-12), 6)})
+        return neighbour_partition(divergence, p.neighbours)
 
     def _rebuild(self, parts: list[list[int]], uploads: dict[int, torch.Tensor],
                  weights: dict[int, int], target: torch.Tensor) -> None:
@@ -230,14 +225,10 @@ def _figures(divergence: np.ndarray, parts: list[list[int]], clients: list[int],
     from sklearn.metrics import adjusted_rand_score  # server-only: out of the ClientApp's import
 
     index = {c: i for i, c in enumerate(clients)}
+    positions = [[index[c] for c in part] for part in parts]
     label = np.empty(len(clients), dtype=int)
-    for k, part in enumerate(parts):
-        label[[index[c] for c in part]] = k
-    d = np.minimum(divergence, divergence.T)
-    same = label[:, None] == label[None, :]
-    np.fill_diagonal(same, False)
-    between = ~same & ~np.eye(len(d), dtype=bool)
-    return {"max_within": round(float(d[same].max()), 6) if same.any() else None,
-            "min_between": round(float(d[between].min()), 6) if between.any() else None,
+    for k, part in enumerate(positions):
+        label[part] = k
+    return separation(divergence, positions) | {
             "synthesis_loss": [round(losses[0], 6), round(losses[-1], 6)],
             "agreement_with_previous": round(float(adjusted_rand_score(before, label)), 6)}

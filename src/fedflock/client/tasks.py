@@ -246,11 +246,15 @@ class Basis(Task):
     """Per class, the top `rank` left singular vectors of the client's raw training inputs (the
     d x n_c matrix of its class-c samples): `basis` (C, d, rank), zero where the client has fewer
     samples, and `counts` (C,). A data signature that reveals no sample (PACFL, FedDAG).
-    `per_class: false` gives one basis of all samples (1, d, rank)."""
+    `per_class: false` gives one basis of all samples (1, d, rank). The server gives the
+    shape it expects (`classes`, `dim`: the data description's), and a reply of another
+    shape is refused."""
 
     kind = "basis"
     rank: int = 3
     per_class: bool = True
+    classes: int | None = None
+    dim: int | None = None
 
     def run(self, runtime: ClientSide) -> Reply:
         data = runtime.client_data(self.client)
@@ -269,9 +273,11 @@ class Basis(Task):
 
     def check(self, reply: Reply) -> None:
         basis = check_tensor(reply, "basis")
-        if basis.dim() != 3 or basis.shape[2] != self.rank:
-            raise InvalidReply(f"'basis' of shape {tuple(basis.shape)}, expected (C, d, "
-                               f"{self.rank})")
+        expected = (self.classes if self.per_class else 1, self.dim, self.rank)
+        if basis.dim() != 3 or any(want is not None and got != want
+                                   for got, want in zip(basis.shape, expected, strict=True)):
+            shown = ", ".join("?" if want is None else str(want) for want in expected)
+            raise InvalidReply(f"'basis' of shape {tuple(basis.shape)}, expected ({shown})")
         check_tensor(reply, "counts", (basis.shape[0],))
         Task.check(self, reply)
 

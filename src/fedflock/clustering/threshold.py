@@ -59,3 +59,31 @@ def neighbour_components(distance: np.ndarray, k: int) -> list[list[int]]:
     count, labels = connected_components(graph, directed=True, connection="weak")
     parts = [np.flatnonzero(labels == c).tolist() for c in range(count)]
     return sorted(parts, key=lambda part: part[0])
+
+
+def neighbour_partition(distance: np.ndarray, k: int | None = None
+                        ) -> tuple[list[list[int]], dict[str, float | int]]:
+    """`neighbour_components` with k = `default_neighbours(n)` unless given, and the figures of
+    the rule: k and `scale`, the median distance of a client to its k-th nearest (what a
+    similarity matrix exp(-distance / scale) is drawn against)."""
+    d = np.asarray(distance, dtype=float)
+    n = len(d)
+    k = min(k or default_neighbours(n), n - 1)
+    closer = np.minimum(d, d.T) + np.diag(np.full(n, np.inf))
+    scale = float(np.median(np.sort(closer, axis=1)[:, k - 1])) if k > 0 else 0.0
+    return neighbour_components(d, k), {"neighbours": k, "scale": round(max(scale, 1e-12), 6)}
+
+
+def separation(distance: np.ndarray, parts: list[list[int]]) -> dict[str, float | None]:
+    """How far apart a partition's parts lie: the largest distance inside a part and the
+    smallest between two (None where there is no such pair); positions index `distance`."""
+    d = np.asarray(distance, dtype=float)
+    d = np.minimum(d, d.T)
+    label = np.empty(len(d), dtype=int)
+    for k, part in enumerate(parts):
+        label[part] = k
+    same = label[:, None] == label[None, :]
+    np.fill_diagonal(same, False)
+    between = label[:, None] != label[None, :]
+    return {"max_within": round(float(d[same].max()), 6) if same.any() else None,
+            "min_between": round(float(d[between].min()), 6) if between.any() else None}

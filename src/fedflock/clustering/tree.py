@@ -5,7 +5,6 @@ computing its own update at each node's model and following the most similar edg
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 
 from fedflock.clustering.seeding import farthest_point_seeds
 from fedflock.similarity import cosine_matrix
+from fedflock.wire import Newcomer
 
 
 @dataclass
@@ -71,15 +71,14 @@ class ParameterTree:
                   for child in node.children}
         return max(scores, key=lambda c: scores[c]), scores
 
-    def route(self, update_at: Callable[[torch.Tensor], torch.Tensor]
-              ) -> tuple[int, list[dict]]:
-        """Leaf id for a client whose update at a given model `update_at(params)` returns, and
-        the similarity to each edge at every step (for explaining the decision)."""
+    def route(self, client: Newcomer) -> tuple[int, list[dict]]:
+        """Leaf id for a new client, from its update at each inner node's model on the way
+        down, and the similarity to each edge at every step (for explaining the decision)."""
         node = self.nodes[self.root]
         path: list[dict] = []
         while node.children:
             assert node.params is not None
-            best, scores = self.step(node.id, update_at(node.params))
+            best, scores = self.step(node.id, client.update_at(node.params))
             path.append({"node": node.id, "similarity": scores, "chosen": best})
             node = self.nodes[best]
         return node.id, path
