@@ -53,7 +53,11 @@ from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.tasks import Basis
 from fedflock.clustering.hierarchical import linkage_parts
-from fedflock.clustering.threshold import neighbour_partition, separation
+from fedflock.clustering.threshold import (
+    default_neighbours,
+    neighbour_partition,
+    separation,
+)
 from fedflock.errors import ConfigError
 from fedflock.similarity.subspaces import Angle, subspace_distance
 from fedflock.wire import Newcomer, Reply, Task
@@ -92,14 +96,15 @@ class SubspaceRouter:
     def vote(self, bases: torch.Tensor, counts: torch.Tensor) -> tuple[int, dict[str, Any]]:
         distance = subspace_distance(bases[None], counts[None], self.bases, self.counts,
                                      self.params.angle)[0].numpy()
-        k = min(self.params.neighbours or max(2, round(np.log(max(len(self.clients), 1)))),
+        k = min(self.params.neighbours or default_neighbours(len(self.clients)),
                 len(self.clients))
-        nearest = [self.clients[i] for i in np.argsort(distance, kind="stable")[:k]]
+        order = np.argsort(distance, kind="stable")[:k]
+        nearest = [self.clients[i] for i in order]
         votes = Counter(self.cluster_of[c] for c in nearest)
         top = max(votes.values())
         cluster = next(self.cluster_of[c] for c in nearest if votes[self.cluster_of[c]] == top)
-        return cluster, {"nearest": nearest, "angles": [
-            round(float(distance[self.clients.index(c)]), 3) for c in nearest]}
+        return cluster, {"nearest": nearest,
+                         "angles": [round(float(distance[i]), 3) for i in order]}
 
     def route(self, client: Newcomer) -> tuple[int, dict[str, Any]]:
         """`fedflock assign`: the new client sends its bases once."""
@@ -183,7 +188,7 @@ class PACFL(ClusteredAlgorithm):
                               {c: self._cluster_of[c].id for c in clients}, self.params)
 
     def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
-        if not self.clustered or not any(c in self._cluster_of for c in self.bases):
+        if not self.clustered:
             return None, False
         cluster_id, _ = self._router().vote(reply.tensors["basis"].float(),
                                             reply.tensors["counts"].float())
