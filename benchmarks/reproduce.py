@@ -85,6 +85,24 @@ IFCA_ROUNDS = ("rounds=30", "checkpoint_every=30")
 ATTACK_FREE = [("no-attack", "attack=null")]
 
 
+SHAPE_REFERENCES = ("fedavg", "local", "fedavg_ft", "cfl", "pacfl")
+GIVEN_K = ("fedsoft", "fedrc", "fedem")
+
+
+def federation_shape(config: str, shift: str, data: tuple[str, ...] = (),
+                     oracle: bool = False) -> tuple[Experiment, ...]:
+    """Every baseline at FedDAG's federation shape on one shift: the references and PACFL with
+    their defaults, IFCA (both initialisations) and the soft methods given K = 4, and the
+    per-group oracle where there are groups."""
+    return (Experiment(config, SHAPE_REFERENCES + (("oracle",) if oracle else ()),
+                       overrides=data, label=shift),
+            *(Experiment(config, ("ifca",), label=f"{shift}, K=4, {init}", overrides=(
+                *data, f"algorithm={{name: ifca, clusters: 4, init: {init}}}"))
+              for init in ("random", "clients")),
+            *(Experiment(config, (name,), label=f"{shift}, K=4", overrides=(
+                *data, f"algorithm={{name: {name}, clusters: 4}}")) for name in GIVEN_K))
+
+
 def fractions(kind: str, shares: tuple[float, ...]) -> list[tuple[str, str]]:
     return [(f"{kind}-{share:.0%}", f"attack.fraction={share}") for share in shares]
 
@@ -175,6 +193,13 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
                      overrides=(*HAR, f"algorithm={{name: ifca, clusters: {k}}}"))
           for k in (2, 3)),
     ), threads=1),
+    ConfigTable("shape-mnist-concept", "results/federation-shape.md", federation_shape(
+        "mnist_100_clients_20pct.yaml", "concept shift", oracle=True),
+        columns=(*STANDARD, "alternative", "traffic"), threads=1),
+    ConfigTable("shape-mnist-label-skew", "results/federation-shape.md", federation_shape(
+        "mnist_100_clients_20pct.yaml", "label skew",
+        ("data.scenario={kind: dirichlet, alpha: 0.5}",)),
+        columns=(*STANDARD, "alternative", "traffic"), threads=1),
     ConfigTable("distfl-category-mnist", "results/distfl.md",
                 category("mnist_category_imbalance.yaml", (3, 5, 7), noise=True),
                 columns=(*STANDARD, "seconds"), threads=1),

@@ -102,6 +102,9 @@ COLUMNS = {
         f"{r['clustered_round']} ({r['clustered_seen']:,})" if r.get("clustered_round")
         else "–" for r in rows)),
     "peak_rss": _mean_of("peak RSS GiB", "peak_rss", 1 / 2**30, 2),
+    "alternative": Column("scored another way %", lambda rows: "; ".join(
+        f"{name} {_pct([r['alternatives'][name] for r in rows])}"
+        for name in sorted({n for r in rows for n in r.get("alternatives", {})})) or "–"),
     "sigma": _mean_of("σ", "sigma", 1, 2),
     "epsilon": _mean_of("whole-run ε", "epsilon", 1, 1),
 }
@@ -175,6 +178,8 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
         # correct: each part holds one group and no group is in two parts
         row["first_split"] = {"round": first["round"], "correct": all(
             len(h) == 1 for h in held) and len(set().union(*held)) == len(held)}
+    for name, other in (summary.get("alternatives") or {}).items():  # e.g. a mixture's hard
+        row.setdefault("alternatives", {})[name] = other[metric]["mean"]
     if summary.get("dp"):  # the noise the privacy budget cost, and the budget spent
         row |= {"sigma": summary["dp"]["noise_multiplier"], "epsilon": summary["dp"]["epsilon"]}
     clustering = next((r for r in result.metrics if "clustering_seconds" in r), None)

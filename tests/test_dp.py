@@ -10,7 +10,7 @@ import yaml
 from opacus.accountants import RDPAccountant
 from torch.func import functional_call, grad, vmap
 
-from fedflock.algorithms import ALGORITHMS
+from fedflock.algorithms import ALGORITHMS, validate_params
 from fedflock.api import run
 from fedflock.client.executors import EXECUTORS
 from fedflock.client.runtime import ClientRuntime
@@ -49,7 +49,10 @@ def test_every_algorithm_runs_two_rounds_under_client_level_dp(name: str) -> Non
     dp = summary["dp"]
     assert dp["mechanism"] == "client" and dp["delta"] == 1e-5
     assert 2.9 <= dp["epsilon"] <= 3.0, dp
-    assert dp["releases_per_client"] == 2 + ALGORITHMS.get(name).final_releases
+    cls, params = ALGORITHMS.get(name), validate_params(validate(raw).algorithm)
+    # one update a round plus the final ones; a mixture releases one per model and round
+    per_round = getattr(params, "clusters", 1) if name in ("fedem", "fedrc") else 1
+    assert dp["releases_per_client"] == 2 * per_round + cls.final_releases
     members = sorted(c for part in summary["clusters"] for c in part)
     assert members == list(range(6))
     assert not summary.get("rejected_replies"), summary.get("rejected_replies")

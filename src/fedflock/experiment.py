@@ -141,10 +141,13 @@ class Run:
                     f"no client answered an evaluation in {cfg.rounds} rounds: nothing to "
                     f"summarise (metrics.jsonl and the checkpoint in {self.dir.path} are kept)")
             attack = attack_summary(cfg, algorithm, engine, evaluation, objective, malicious)
+            alternatives = {name: engine.evaluate(algorithm, cfg.rounds, task_of) for name, task_of
+                            in algorithm.alternative_evaluations().items()}
         finally:
             engine.close()
         wall = time.perf_counter() - t_start
-        summary = summarise_run(cfg, algorithm, engine, evaluation, objective, wall)
+        summary = summarise_run(cfg, algorithm, engine, evaluation, objective, wall,
+                                alternatives)
         if self.evaluated_round not in (None, cfg.rounds):  # the last evaluation went unanswered
             summary["evaluated_round"] = self.evaluated_round
         if before_final_tasks:

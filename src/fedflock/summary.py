@@ -59,7 +59,10 @@ def metric_summary(evaluation: Evaluation, objective: Objective, num_clients: in
 
 
 def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine,
-                  evaluation: Evaluation, objective: Objective, wall: float) -> dict[str, Any]:
+                  evaluation: Evaluation, objective: Objective, wall: float,
+                  alternatives: dict[str, Evaluation] | None = None) -> dict[str, Any]:
+    """summary.json; `alternatives` are the method's other evaluations of its clients
+    (`Algorithm.alternative_evaluations`), reported by name beside the headline metric."""
     clusters = algorithm.clusters()
     labels = partition_labels(clusters, engine.num_clients)
     groups = engine.true_groups
@@ -90,6 +93,10 @@ def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
     dp = dp_summary(config, algorithm, engine)
     if dp is not None:
         summary["dp"] = dp
+    others = {name: {objective.primary: metric_summary(scores, objective, engine.num_clients)}
+              for name, scores in (alternatives or {}).items() if scores}
+    if others:
+        summary["alternatives"] = others
     soft = algorithm.memberships()
     if soft is not None:
         summary["memberships"] = np.round(soft, 6).tolist()

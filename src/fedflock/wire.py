@@ -117,11 +117,12 @@ class Task:
         return [t.run(runtime) for t in tasks]
 
     # -- what the server accepts ---------------------------------------------------------------
-    def update_base(self, reply: Reply) -> Hashable | None:
-        """What the reply's `update` was computed from (e.g. the identity of the model sent),
-        so the server compares its norm with those of the updates from the same model; None
-        when the reply carries no update."""
-        return None
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        """Every update the reply carries, each with what it was computed from (e.g. the
+        identity of the model sent, and its row when several were), so the server compares
+        each norm with those of the updates from the same model (`norm_bound`); none by
+        default. A task whose reply carries updates must declare them all here."""
+        return []
 
     def check(self, reply: Reply) -> None:
         """Raise `InvalidReply` unless `reply` is a well-formed answer to this task."""

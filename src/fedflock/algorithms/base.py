@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from fedflock.client.tasks import Evaluate
 from fedflock.data.spec import DataSpec
 from fedflock.models import ModelHandle
 from fedflock.wire import Reply, Task
@@ -195,6 +196,18 @@ class Algorithm(ABC):
     def model_of(self, client: int) -> torch.Tensor:
         """The model `client` uses for evaluation: its cluster's, a mixture or a personal one
         (clients of a cluster share one tensor)."""
+
+    def evaluation_task(self, client: int, rnd: int) -> Task:
+        """How `client` is scored on its held-out data: its `model_of` by default; a method
+        whose clients predict with several models (a mixture, an ensemble) sends them all
+        (`EvaluateMixture`)."""
+        return Evaluate(client, rnd, self.model_of(client))
+
+    def alternative_evaluations(self) -> dict[str, Callable[[int, int], Task]]:
+        """Other ways to score a client, reported beside the headline after the last round
+        (summary.json's `alternatives`): name -> (client, round) -> evaluation task; e.g. an
+        ensemble method's hard assignment. None by default."""
+        return {}
 
     @abstractmethod
     def clusters(self) -> list[list[int]]:

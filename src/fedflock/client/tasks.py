@@ -9,7 +9,7 @@ client execution and server logic never loads it (DESIGN; an import-linter contr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,26 @@ def released(runtime: ClientSide, task: Task, start: torch.Tensor, update: torch
     noised = dp.release(update, runtime.task_seed(task, f"dp-{salt}"), start)
     return Reply(task.client, {"update": runtime.send(noised)}, {"noise_std": dp.noise_std},
                  num_examples)
+
+
+def local_training(runtime: ClientSide, task: Task, start: torch.Tensor, salt: str,
+                   epochs: int | None = None, sample_weights: torch.Tensor | None = None,
+                   proximal: Any = None) -> tuple[torch.Tensor, float]:
+    """(update, mean loss) of the client's local training from `start`: DP-SGD under a
+    per-sample mechanism, plain SGD otherwise; `salt` names the training in the task's seeds
+    (a task training several models gives each its own, so no two share noise)."""
+    training = runtime.routines
+    data = runtime.client_data(task.client)
+    weights = None if sample_weights is None else sample_weights.to(runtime.dtype)
+    seed = runtime.task_seed(task, salt)
+    if runtime.dp is not None and runtime.dp.per_sample:
+        return training.train_model_private(
+            runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
+            runtime.training, seed, runtime.task_seed(task, f"dp-sgd-{salt}"), epochs,
+            runtime.objective, weights, proximal)
+    return training.train_model(runtime.model, runtime.spec, start, data.x_train, data.y_train,
+                                runtime.training, seed, epochs, runtime.objective, weights,
+                                proximal)
 
 
 @register_task
@@ -92,24 +112,14 @@ class Train(Task):
         return training.Proximal(self.proximal_mu, centres, weights)
 
     def run(self, runtime: ClientSide) -> Reply:
-        training = runtime.routines
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
-        weights = None if self.sample_weights is None else self.sample_weights.to(runtime.dtype)
-        seed, proximal = runtime.task_seed(self, self.salt), self.proximal(runtime, start)
-        if runtime.dp is not None and runtime.dp.per_sample:
-            update, loss = training.train_model_private(
-                runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
-                runtime.training, seed, runtime.task_seed(self, f"dp-sgd-{self.salt}"),
-                self.epochs, runtime.objective, weights, proximal)
-        else:
-            update, loss = training.train_model(runtime.model, runtime.spec, start, data.x_train,
-                                       data.y_train, runtime.training, seed, self.epochs,
-                                       runtime.objective, weights, proximal)
+        update, loss = local_training(runtime, self, start, self.salt, self.epochs,
+                                      self.sample_weights, self.proximal(runtime, start))
         return released(runtime, self, start, update, loss, data.num_train, self.salt)
 
-    def update_base(self, reply: Reply) -> int:
-        return id(self.params)
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        return [(id(self.params), reply.update)]
 
     def check(self, reply: Reply) -> None:
         _check_update(self, reply, int(self.params.shape[-1]))
@@ -142,8 +152,8 @@ class Gradient(Task):
                                          data.y_train, runtime.training, runtime.objective)
         return released(runtime, self, start, update, loss, data.num_train, salt)
 
-    def update_base(self, reply: Reply) -> int:
-        return id(self.params)
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        return [(id(self.params), reply.update)]
 
     def check(self, reply: Reply) -> None:
         _check_update(self, reply, int(self.params.shape[-1]))
@@ -204,8 +214,8 @@ class Select(Task):
                 metrics["loss"] = reply.loss
         return Reply(self.client, tensors, metrics, runtime.num_examples(self.client))
 
-    def update_base(self, reply: Reply) -> tuple[int, int | None] | None:
-        return (id(self.models), reply.choice) if self.train else None
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        return [((id(self.models), reply.choice), reply.update)] if self.train else []
 
     def check(self, reply: Reply) -> None:
         k, size = self.models.shape
@@ -282,6 +292,15 @@ class Basis(Task):
         Task.check(self, reply)
 
 
+def held_out(runtime: ClientSide, client: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) an evaluation scores: the client's test split or its training
+    data."""
+    data = runtime.client_data(client)
+    if split not in ("train", "test"):
+        raise ValueError(f"evaluate: split {split!r} is neither 'train' nor 'test'")
+    return (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
+
+
 @register_task
 @dataclass
 class Evaluate(Task):
@@ -293,14 +312,6 @@ class Evaluate(Task):
     counts_training_examples = False  # held-out samples
     params: torch.Tensor
     split: str = "test"
-
-    def _xy(self, runtime: ClientSide) -> tuple[torch.Tensor, torch.Tensor]:
-        data = runtime.client_data(self.client)
-        if self.split not in ("train", "test"):
-            raise ValueError(f"evaluate: split {self.split!r} is neither 'train' nor 'test'")
-        if self.split == "train":
-            return data.x_train, data.y_train
-        return data.x_test, data.y_test
 
     def run(self, runtime: ClientSide) -> Reply:
         return self.run_many(runtime, [self])[0]
@@ -316,7 +327,7 @@ class Evaluate(Task):
         replies: list[Reply | None] = [None] * len(tasks)
         for positions in by_model.values():
             group = [tasks[i] for i in positions]
-            xys = [t._xy(runtime) for t in group]  # type: ignore[attr-defined]
+            xys = [held_out(runtime, t.client, t.split) for t in group]  # type: ignore[attr-defined]
             model = runtime.load_eval(group[0].params)  # type: ignore[attr-defined]
             stats = training.sample_stats(
                 model, training.eval_layout(torch.cat([x for x, _ in xys])),
@@ -339,6 +350,185 @@ class Evaluate(Task):
         for name, value in reply.metrics.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidReply(f"metric {name!r} is not a number ({value!r})")
+
+
+@register_task
+@dataclass
+class MixtureTrain(Task):
+    """One local round of a mixture of K models (rows of `models`; FedEM, FedRC).
+
+    E-step on the client's training data: q_ik proportional to pi_k * p_k(y_i | x_i), divided by
+    the model's label marginal P_k(y_i) when `label_marginals` (K, C) are given (FedRC), with
+    p_k from the objective's per-sample loss (p = exp(-loss)) and pi the client's `weights` from
+    its last round (uniform when None); M-step: pi_k = mean_i q_ik, then each model is trained
+    with its q-weighted loss. Replies `updates` (K, P), `weights` (the new pi, K), the
+    mixture's training loss and, with `label_marginals`, `class_mass` (K, C: sum of q_ik over
+    the samples of each class). Each model's training has its own seeds (under DP, its own
+    noise). The server keeps pi and sends it back (it needs it to report and evaluate the
+    client anyway), so a run resumed from its checkpoint continues exactly."""
+
+    kind = "mixture_train"
+    models: torch.Tensor
+    weights: torch.Tensor | None = None
+    label_marginals: torch.Tensor | None = None
+    epochs: int | None = None
+
+    def responsibilities(self, runtime: ClientSide, losses: torch.Tensor,
+                         labels: torch.Tensor) -> torch.Tensor:
+        """q (n, K) from the per-sample losses (K, n), the samples' labels (n,) and the
+        client's mixture weights."""
+        k = len(self.models)
+        prior = (torch.full((k,), 1.0 / k, dtype=torch.float64) if self.weights is None
+                 else self.weights.double())
+        log_q = prior.double().clamp_min(1e-12).log()[:, None] - losses.double()
+        if self.label_marginals is not None:
+            marginal = self.label_marginals.double().clamp_min(1e-12)
+            log_q = log_q - marginal[:, labels].log()
+        return torch.softmax(log_q, dim=0).T
+
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
+        data = runtime.client_data(self.client)
+        starts = [runtime.receive(m) for m in self.models]
+        layout = training.eval_layout(data.x_train)
+        losses = torch.stack([training.sample_losses(runtime.load_eval(m), layout, data.y_train,
+                                                     runtime.objective)[1] for m in self.models])
+        q = self.responsibilities(runtime, losses, data.y_train)
+        weights = q.mean(0) if len(q) else torch.full((len(self.models),), 1 / len(self.models),
+                                                       dtype=torch.float64)
+        mixture_loss = -torch.logsumexp(weights.clamp_min(1e-12).log()[:, None]
+                                        - losses.double(), dim=0).mean()
+        updates = []
+        for k, start in enumerate(starts):
+            salt = f"mixture-{k}"
+            update, _ = local_training(runtime, self, start, salt, self.epochs,
+                                       q[:, k].to(runtime.dtype))
+            updates.append(released(runtime, self, start, update, 0.0, data.num_train,
+                                    salt).update)
+        tensors = {"updates": torch.stack(updates), "weights": weights.to(runtime.dtype)}
+        if self.label_marginals is not None:
+            onehot = torch.nn.functional.one_hot(data.y_train, self.label_marginals.shape[1])
+            tensors["class_mass"] = (q.T @ onehot.double()).to(runtime.dtype)
+        metrics = ({"noise_std": runtime.dp.noise_std} if runtime.dp is not None
+                   else {"loss": float(mixture_loss)})
+        return Reply(self.client, tensors, metrics, data.num_train)
+
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        return [((id(self.models), k), row) for k, row in enumerate(reply.tensors["updates"])]
+
+    def check(self, reply: Reply) -> None:
+        k, size = self.models.shape
+        check_tensor(reply, "updates", (k, size))
+        weights = check_tensor(reply, "weights", (k,))
+        if bool((weights < 0).any()) or abs(float(weights.sum()) - 1) > 1e-3:
+            raise InvalidReply("'weights' are not a probability vector")
+        if self.label_marginals is not None:
+            mass = check_tensor(reply, "class_mass", tuple(self.label_marginals.shape))
+            if bool((mass < 0).any()):
+                raise InvalidReply("'class_mass' is negative")
+        if "noise_std" not in reply.metrics:
+            check_metrics(reply, ["loss"])
+        Task.check(self, reply)
+
+
+@register_task
+@dataclass
+class SoftTrain(Task):
+    """FedSoft's local round on the client's personal model.
+
+    With `estimate`, or without `importance` (a client's first round), it first scores the S
+    centres (rows of `centres`) on its training data: u_s = the share of its samples whose loss
+    is lowest under centre s, `sigma` where that share is zero; otherwise u is the `importance`
+    sent. It then trains its `personal` model (without one: a copy of the centre of its
+    largest u) on its loss plus mu/2 * sum_s u_s ||w - c_s||^2. Replies with `importance` (u,
+    S), the metric `choice` (the centre of its largest u) and `update`: the trained personal
+    model minus that centre. The server keeps the personal model and u and sends them back
+    next time (it knows both from the reply anyway), so a run resumed from its checkpoint
+    continues exactly."""
+
+    kind = "soft_train"
+    centres: torch.Tensor
+    personal: torch.Tensor | None = None
+    importance: torch.Tensor | None = None
+    mu: float = 0.1
+    sigma: float = 1e-4
+    estimate: bool = False
+
+    def estimated(self, runtime: ClientSide) -> torch.Tensor:
+        """u from the centres' per-sample losses on the client's training data."""
+        training = runtime.routines
+        data = runtime.client_data(self.client)
+        layout = training.eval_layout(data.x_train)
+        losses = torch.stack([training.sample_losses(runtime.load_eval(c), layout, data.y_train,
+                                                     runtime.objective)[1] for c in self.centres])
+        share = (torch.bincount(losses.argmin(0), minlength=len(self.centres)).double()
+                 / max(1, losses.shape[1]))
+        return torch.where(share > 0, share, torch.full_like(share, self.sigma))
+
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
+        centres = torch.stack([runtime.receive(c) for c in self.centres])
+        u = (self.estimated(runtime) if self.estimate or self.importance is None
+             else self.importance.double())
+        choice = int(u.argmax())
+        start = (centres[choice] if self.personal is None
+                 else runtime.receive(self.personal))
+        proximal = training.Proximal(self.mu, centres, u.to(runtime.dtype))
+        update, loss = local_training(runtime, self, start, "soft", proximal=proximal)
+        data = runtime.client_data(self.client)
+        reply = released(runtime, self, centres[choice], start + update - centres[choice],
+                         loss, data.num_train, "soft")
+        reply.tensors["importance"] = u.to(runtime.dtype)
+        reply.metrics["choice"] = float(choice)
+        return reply
+
+    def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:
+        return [((id(self.centres), reply.choice), reply.update)]
+
+    def check(self, reply: Reply) -> None:
+        s, size = self.centres.shape
+        check_tensor(reply, "update", (size,))
+        u = check_tensor(reply, "importance", (s,))
+        if bool((u <= 0).any()):
+            raise InvalidReply("'importance' weights must be positive")
+        check_metrics(reply, ["choice"])
+        if reply.choice != int(u.argmax()):
+            raise InvalidReply(f"choice {reply.metrics['choice']!r} is not the largest weight")
+        if "noise_std" not in reply.metrics:
+            check_metrics(reply, ["loss"])
+        Task.check(self, reply)
+
+
+@register_task
+@dataclass
+class EvaluateMixture(Task):
+    """The objective's metrics, on the client's held-out data, of the mixture
+    sum_k w_k p_k(y | x) of K models (rows of `models`) with the client's `weights` (K,): FedEM's
+    prediction, FedRC's ensemble. The objective scores the mixture's log-probabilities (its
+    cross-entropy is then -log sum_k w_k p_k(y | x))."""
+
+    kind = "evaluate_mixture"
+    counts_training_examples = False  # held-out samples
+    models: torch.Tensor
+    weights: torch.Tensor
+    split: str = "test"
+
+    @torch.no_grad()
+    def run(self, runtime: ClientSide) -> Reply:
+        training = runtime.routines
+        x, y = held_out(runtime, self.client, self.split)
+        parts = []
+        for params, weight in zip(self.models, self.weights.double(), strict=True):
+            if weight > 0:
+                out = training.per_sample(runtime.load_eval(params), training.eval_layout(x), y,
+                                          lambda o, t: {"logp": torch.log_softmax(o.double(), -1)})
+                if out:
+                    parts.append(out["logp"] + weight.log())
+        stats = (runtime.objective.sample_stats(torch.logsumexp(torch.stack(parts), 0), y)
+                 if parts else {})
+        return Reply(self.client, {}, runtime.objective.summarise(stats), len(y))
+
+    check = Evaluate.check
 
 
 @register_task

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedflock.algorithms.base import Algorithm
-from fedflock.client.tasks import Evaluate
 from fedflock.data.spec import DataSpec
 from fedflock.models import ModelHandle
 from fedflock.robust import Adversary
@@ -136,27 +136,27 @@ class Engine(ABC):
 
     def bound_norms(self, rnd: int, tasks: dict[int, Task], replies: list[Reply]
                     ) -> list[Reply]:
-        """Refuse updates whose norm exceeds `norm_bound` times the median norm of the updates
-        computed from the same model this round (groups of at least MIN_NORM_GROUP): a finite
-        1e38 must not reach an average. Off when `norm_bound` is None."""
+        """Refuse a reply when any update it carries (`Task.updates`: one for a trained model,
+        one per component for a mixture) has a norm beyond `norm_bound` times the median norm
+        of the updates computed from the same model this round (groups of at least
+        MIN_NORM_GROUP): a finite 1e38 must not reach an average. Off when `norm_bound` is
+        None."""
         if self.norm_bound is None:
             return replies
-        groups: dict[Any, list[Reply]] = {}
+        groups: dict[Any, list[tuple[Reply, float]]] = {}
         for reply in replies:
-            base = tasks[reply.client].update_base(reply)
-            if base is not None and "update" in reply.tensors:
-                groups.setdefault(base, []).append(reply)
+            for base, update in tasks[reply.client].updates(reply):
+                norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
+                groups.setdefault(base, []).append((reply, norm))
         refused: set[int] = set()
         for group in groups.values():
             if len(group) < MIN_NORM_GROUP:
                 continue
-            norms = [float(torch.linalg.vector_norm(r.update, dtype=torch.float64))
-                     for r in group]
-            median = float(np.median(norms))
+            median = float(np.median([norm for _, norm in group]))
             if median <= 0:
                 continue
-            for reply, norm in zip(group, norms, strict=True):
-                if norm > self.norm_bound * median:
+            for reply, norm in group:
+                if norm > self.norm_bound * median and reply.client not in refused:
                     refused.add(reply.client)
                     self.refuse(rnd, reply.client, f"update norm {norm:.4g} exceeds "
                                 f"{self.norm_bound:g} x the median {median:.4g} of its cluster")
@@ -193,12 +193,12 @@ class Engine(ABC):
                     ) -> tuple[dict[str, Any], dict[str, float], dict[int, dict[str, float]]]:
         """One round of training; returns (algorithm diagnostics, seconds per phase, the
         evaluation). With `evaluate`, every client given a task first scores the model the
-        server holds for it as the round begins (`model_of`: the model it receives) on its
+        server holds for it as the round begins (`evaluation_task`: the model it receives) on its
         held-out data, in the same message as its task; otherwise the evaluation is empty."""
         t0 = time.perf_counter()
         tasks = algorithm.configure_train(rnd, clients)
         t1 = time.perf_counter()
-        evals: list[Task] = [Evaluate(t.client, rnd, algorithm.model_of(t.client))
+        evals: list[Task] = [algorithm.evaluation_task(t.client, rnd)
                              for t in tasks] if evaluate else []
         scored, replies = self.run_together(rnd, [evals, tasks])
         evaluation = self.scores(rnd, evals, scored) if evaluate else {}
@@ -229,12 +229,15 @@ class Engine(ABC):
                 break
         return ran
 
-    def evaluate(self, algorithm: Algorithm, rnd: int = 0) -> dict[int, dict[str, float]]:
+    def evaluate(self, algorithm: Algorithm, rnd: int = 0,
+                 task_of: Callable[[int, int], Task] | None = None
+                 ) -> dict[int, dict[str, float]]:
         """Named metrics of every client that answered, each scored on its own held-out data
-        with its own model (`algorithm.model_of`). Evaluation is the experimenter's measurement:
-        it is not counted as communication."""
-        tasks: list[Task] = [Evaluate(c, rnd, algorithm.model_of(c))
-                             for c in range(self.num_clients)]
+        as its method scores it (`algorithm.evaluation_task`, or `task_of` for an alternative
+        evaluation). Evaluation is the experimenter's measurement: it is not counted as
+        communication."""
+        task_of = task_of or algorithm.evaluation_task
+        tasks = [task_of(c, rnd) for c in range(self.num_clients)]
         return self.scores(rnd, tasks, self.run_tasks(rnd, tasks))
 
     def scores(self, rnd: int, tasks: list[Task], replies: list[Reply]

@@ -67,9 +67,9 @@ if TYPE_CHECKING:
 ACCOUNTANT = "rdp"
 # Opacus's hint that a larger RDP order might give a tighter bound; the bound holds as it is.
 LOOSE_ORDER = "Optimal order is the largest alpha"
-COVERS = ("model updates (train, gradient, select's training), BatchNorm statistics included; "
-          "not covered: example counts, select's scores and choice, per-sample losses, data "
-          "bases")
+COVERS = ("model updates (train, gradient, select's training, each model of a mixture), "
+          "BatchNorm statistics included; not covered: example counts, select's scores and "
+          "choice, per-sample losses, data bases, mixture weights and class masses")
 
 
 def releases_of(rounds: int, algorithm: type | None, params: Any) -> int:

@@ -38,6 +38,9 @@ CAPTIONS = {
     "split": "Cosine similarity of the clients' weight updates when the cluster split; rows and "
              "columns are ordered by the resulting parts (black lines) and the side strips "
              "show each client's true group.",
+    "memberships": "Each client's soft membership of the shared models (rows sum to 1), "
+                   "clients ordered by their true group (left strip); a method that finds "
+                   "the groups gives each group one dark column.",
     "tree": "The cluster tree: every split of a cluster into its children; leaves are the final "
             "clusters, coloured by their majority true group with its share (purity).",
     "compare": "Test accuracy per round for each algorithm: the line is the mean over seeds, "
@@ -87,6 +90,8 @@ def run_figures(run: RunData, out: Path, prefix: str = "", accuracy: bool = True
         add(lambda p, i=i: plots.plot_split_heatmap(run, i, p), f"split_{d:02d}",
             f"Split {d + 1}{when}", CAPTIONS["split"])
     add(lambda p: plots.plot_tree(run, p), "tree", "Cluster tree", CAPTIONS["tree"])
+    add(lambda p: plots.plot_memberships(run, p), "memberships", "Memberships",
+        CAPTIONS["memberships"])
     return made
 
 

@@ -358,6 +358,41 @@ def plot_split_heatmap(run: RunData, index: int, path: Path) -> Path | None:
         return _save(fig, path)
 
 
+def plot_memberships(run: RunData, path: Path) -> Path | None:
+    """The soft memberships (clients x clusters) of a method that has them, clients ordered by
+    true group and then by their largest weight, the true group in a side strip."""
+    soft = run.summary.get("memberships")
+    if not soft:
+        return None
+    weights = np.asarray(soft, dtype=float)
+    truth = run.true_groups
+    hard = weights.argmax(1)
+    keys = [(truth[c] if truth else 0, int(hard[c]), c) for c in range(len(weights))]
+    order = [c for *_, c in sorted(keys)]
+    with _style(), mpl.rc_context({"axes.grid": False}):
+        fig = Figure(figsize=(max(4.0, 0.9 * weights.shape[1] + 2.5), 6.0))
+        ax = fig.add_subplot()
+        image = ax.imshow(weights[order], cmap="Blues", vmin=0, vmax=1, aspect="auto",
+                          interpolation="nearest")
+        ax.set_xticks(range(weights.shape[1]))
+        ax.set_xlabel("cluster (shared model)")
+        ax.set_ylabel(f"client ({len(order)}), ordered by true group" if truth else "client")
+        ax.set_yticks([])
+        divider = make_axes_locatable(ax)
+        if truth:
+            names = sorted(set(truth))
+            cmap = ListedColormap([colour(g) for g in range(len(names))])
+            codes = np.array([names.index(truth[c]) for c in order])
+            _group_strip(divider.append_axes("left", size="6%", pad=0.06), codes, cmap, True)
+            fig.legend(handles=[Patch(color=colour(i), label=f"group {g}")
+                                for i, g in enumerate(names)], loc="lower center",
+                       ncol=min(len(names), 5), frameon=False, bbox_to_anchor=(0.5, -0.04))
+        fig.colorbar(image, cax=divider.append_axes("right", size="5%", pad=0.1),
+                     label="membership weight")
+        ax.set_title(f"Memberships: {run.title()}")
+        return _save(fig, path)
+
+
 # -- cluster tree --------------------------------------------------------------------------
 def tree_layout(nodes: dict[int, dict[str, Any]]) -> dict[int, tuple[float, int]]:
     """(x, depth) per node: leaves left to right in depth-first order, parents centred."""
