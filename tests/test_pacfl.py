@@ -73,7 +73,7 @@ def test_newcomers_join_their_groups_cluster_from_their_bases_alone(tmp_path: Pa
     _pacfl(tmp_path, "trained")
     before = (tmp_path / "trained" / "checkpoints").stat().st_mtime_ns
     result = assign_new_clients(tmp_path / "trained", clients=6, seed=5)
-    assert result["routed_correctly"] == 1.0
+    assert result["routed_correctly"] == 1.0 and result["ari"] == 1.0
     assert all(len(r["route"]["nearest"]) == 2 for r in result["clients"])
     assert (tmp_path / "trained" / "checkpoints").stat().st_mtime_ns == before  # nobody retrained
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.metrics import adjusted_rand_score
 
 from fedflock.algorithms import ALGORITHMS, validate_params
 from fedflock.algorithms.base import finite_sum
@@ -127,7 +128,9 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]
                "cluster_group": serves[cluster], metric: round(score, 4)}
         rows.append(row | ({"route": route} if route is not None else {}))
     correct = [r["true_group"] == r["cluster_group"] for r in rows]
+    # how well the new clients are grouped among themselves, whatever the clusters serve
+    grouped = adjusted_rand_score([r["true_group"] for r in rows], [r["cluster"] for r in rows])
     return {"run": str(run_dir), "algorithm": config.algorithm.name, "metric": metric,
             "finetune_epochs": epochs or 0, "clients": rows,
-            "routed_correctly": float(np.mean(correct)),
+            "routed_correctly": float(np.mean(correct)), "ari": round(float(grouped), 6),
             f"{metric}_mean": float(np.mean([r[metric] for r in rows]))}

@@ -131,6 +131,7 @@ def assign(run_dir: Path,
         typer.echo(f"client {row['client']:3d} (group {row['true_group']}) -> cluster "
                    f"{row['cluster']} (serves {serves}), {metric} {row[metric]:.3f}")
     typer.echo(f"placed in its own group's cluster: {result['routed_correctly']:.0%}, "
+               f"ARI of the new clients {result['ari']:.2f}, "
                f"mean {metric} {result[metric + '_mean']:.4f}")
     write_json(run_dir / "assign.json", result)
 
