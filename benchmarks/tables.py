@@ -143,7 +143,6 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
     and best figure and the attack success rate."""
     import torch
 
-    from fedflock.api import run
     from fedflock.compare import config_for
     from fedflock.config import apply_overrides, load_raw
 
@@ -156,7 +155,7 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
     raw["rounds"] = rounds or raw["rounds"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = run(raw, where)
+        result, measured_here = _finish(raw, where)
     summary = result.summary
     metric = summary.get("primary_metric", "accuracy")
     curve = [value for _, value in result.curve()]
@@ -167,7 +166,8 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
            "up": summary["communication"]["up_floats"] / 1e6,
            "down": summary["communication"]["down_floats"] / 1e6,
            "seconds": summary["wall_seconds"],
-           "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+           "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+           if measured_here else None}
     every = max(1, raw["rounds"] // 12)
     row["course"] = [{k: m[k] for k in ("round", f"{metric}_mean", "ari", "ari_placed",
                                          "unplaced", "num_clusters") if m.get(k) is not None}
@@ -195,6 +195,24 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
     else:  # no attack: every client is benign
         row |= {"benign": row["final"], "benign_best": row["best"]}
     return row
+
+
+def _finish(raw: dict[str, Any], where: Path) -> tuple[Any, bool]:
+    """The run of `raw` in `where`, and whether this process ran all of it: a table stopped
+    mid-way leaves run directories behind, so a finished one is read back (its row was not
+    appended yet) and one with a checkpoint resumes; the run directory refuses either if its
+    config is not this one."""
+    from fedflock.api import Result, as_config, run
+    from fedflock.experiment import check_run_directory
+    from fedflock.report.load import read_metrics
+
+    if not (where / "config.yaml").is_file():
+        return run(raw, where), True
+    continues = check_run_directory(as_config(raw), where, resume=True)  # same config or raise
+    if (where / "summary.json").is_file():
+        summary = json.loads((where / "summary.json").read_text())
+        return Result(summary, read_metrics(where / "metrics.jsonl"), where), False
+    return run(raw, where, resume=continues), not continues
 
 
 def _run_isolated(*args: Any) -> Row:

@@ -179,3 +179,20 @@ def test_a_timing_table_renders_the_rows_its_script_wrote_with_the_machine(
     text = table.render(tmp_path / "results")
     assert text.count("\n| `cnn_bn` | ") == 2 and "torch threads" in text
     assert "python -m benchmarks.distfl_synthesis_cost --models cnn_bn:digits" in text
+
+
+def test_a_stopped_table_reads_finished_runs_back_and_resumes_checkpointed_ones(
+        tmp_path: Path) -> None:
+    table = tables.ConfigTable("stopped", "x.md", (
+        tables.Experiment("digits_iid.yaml", ("fedavg",), overrides=("rounds=2",)),), seeds=(0,))
+    rows = tables.read_rows(table.run(False, tmp_path / "results", tmp_path / "runs"))
+    where = tmp_path / "runs" / "stopped" / "digits_iid" / "fedavg" / "seed0"
+    metrics = (where / "metrics.jsonl").stat().st_mtime_ns
+    (tmp_path / "results" / "stopped.jsonl").unlink()  # stopped before its row was appended
+    again = tables.read_rows(table.run(False, tmp_path / "results", tmp_path / "runs"))
+    assert (where / "metrics.jsonl").stat().st_mtime_ns == metrics  # read back, not re-run
+    assert again[0]["final"] == rows[0]["final"] and again[0]["peak_rss"] is None
+    (tmp_path / "results" / "stopped.jsonl").unlink()
+    (where / "summary.json").unlink()  # stopped after its last checkpoint
+    resumed = tables.read_rows(table.run(False, tmp_path / "results", tmp_path / "runs"))
+    assert resumed[0]["final"] == rows[0]["final"] and (where / "summary.json").is_file()
