@@ -35,7 +35,7 @@ from fedflock.algorithms.mixture import MixtureAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.client.tasks import MixtureTrain
 from fedflock.errors import ConfigError
-from fedflock.wire import Reply
+from fedflock.wire import Reply, Task
 
 
 @ALGORITHMS.register("fedrc", "FedRC (Guo et al.): a mixture of K models whose E-step divides "
@@ -53,7 +53,6 @@ class FedRC(MixtureAlgorithm):
         super().__init__(params, context)
         classes = spec.num_classes if spec is not None else 1
         self.class_mass = torch.zeros(self.num_clients, self.k, classes, dtype=torch.float64)
-        self._marginals: torch.Tensor | None = None  # this round's, shared by its tasks
 
     def label_marginals(self) -> torch.Tensor:
         """P_k(y) (K, C): each model's share of the responsibility mass of every class, over
@@ -63,16 +62,15 @@ class FedRC(MixtureAlgorithm):
         uniform = torch.full_like(total, 1.0 / total.shape[1])
         return torch.where(mass > 0, total / mass.clamp_min(1e-300), uniform)
 
-    def mixture_task(self, rnd: int, client: int) -> MixtureTrain:
-        if self._marginals is None:
-            self._marginals = self.label_marginals().to(self.stacked().dtype)
-        return MixtureTrain(client, rnd, self.stacked(), self.prior(client),
-                            label_marginals=self._marginals)
+    def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
+        """Every task of the round carries the same marginals (one tensor, built once)."""
+        marginals = self.label_marginals().to(self.stacked().dtype)
+        return [MixtureTrain(c, rnd, self.stacked(), self.prior(c), label_marginals=marginals)
+                for c in clients]
 
     def absorb(self, reply: Reply) -> None:
         super().absorb(reply)
         self.class_mass[reply.client] = reply.tensors["class_mass"].double()
-        self._marginals = None
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"class_mass": self.class_mass.clone()}
@@ -80,4 +78,3 @@ class FedRC(MixtureAlgorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.class_mass = state["class_mass"].clone()
-        self._marginals = None

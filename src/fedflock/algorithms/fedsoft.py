@@ -112,13 +112,16 @@ class FedSoft(SoftClustered):
             self.weights[r.client] = r.tensors["importance"].double()
             self.seen[r.client] = True
             self.personal[r.client] = stack[r.choice] + r.update
-        for s in range(self.k):
-            weights = [float(self.weights[r.client, s]) * r.num_examples for r in replies]
-            total = sum(weights)
-            if total > 0:  # a centre no reply weighs keeps its model
-                mean = sum(w / total * self.personal[r.client]
-                           for w, r in zip(weights, replies, strict=True))
-                self.models[s] = self.step(self.models[s], mean - self.models[s],
+        if replies:  # centre s = the personal models' mean weighted by u_s * n
+            clients = [r.client for r in replies]
+            examples = torch.tensor([float(r.num_examples) for r in replies],
+                                    dtype=torch.float64)
+            weight = self.weights[clients] * examples[:, None]  # (replies, S)
+            total = weight.sum(0)
+            means = (weight / total.clamp_min(1e-300)).T.to(stack.dtype) @ torch.stack(
+                [self.personal[c] for c in clients])
+            for s in torch.nonzero(total > 0).flatten().tolist():  # unweighed: keeps its model
+                self.models[s] = self.step(self.models[s], means[s] - self.models[s],
                                            f"centre {s}")
         self._stack = None
         return {"choices": np.bincount([r.choice for r in replies],

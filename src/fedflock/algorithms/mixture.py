@@ -76,17 +76,19 @@ class SoftClustered(Algorithm):
         return weights / weights.sum(1, keepdims=True)
 
     def unplaced(self) -> list[int]:
-        return [c for c in range(self.num_clients) if not self.seen[c]]
+        return torch.nonzero(~self.seen).flatten().tolist()
+
+    def hard_clusters(self) -> torch.Tensor:
+        """Every client's largest weight, -1 for a client never heard from."""
+        return torch.where(self.seen, self.weights.argmax(1), -1)
 
     def clusters(self) -> list[list[int]]:
         """Clients by their largest weight; those never heard from form one group."""
-        groups: dict[int, list[int]] = {}
-        for c in range(self.num_clients):
-            groups.setdefault(self.choice(c) if self.seen[c] else -1, []).append(c)
-        return [groups[k] for k in sorted(groups)]
+        hard = self.hard_clusters()
+        return [torch.nonzero(hard == k).flatten().tolist() for k in hard.unique().tolist()]
 
     def num_clusters(self) -> int:
-        return len({self.choice(c) for c in range(self.num_clients) if self.seen[c]})
+        return len(self.hard_clusters()[self.seen].unique())
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"models": torch.stack(self.models),
@@ -113,16 +115,12 @@ class MixtureAlgorithm(SoftClustered):
         """K updates per round (one per model), plus the final releases."""
         return rounds * params.clusters + cls.final_releases  # type: ignore[attr-defined]
 
-    def mixture_task(self, rnd: int, client: int) -> MixtureTrain:
-        """The round's task for `client` (FedRC adds its label marginals)."""
-        return MixtureTrain(client, rnd, self.stacked(), self.prior(client))
-
     def prior(self, client: int) -> torch.Tensor | None:
         """The client's mixture weights from its last round (None before its first)."""
         return self.weights[client].to(self.stacked().dtype) if self.seen[client] else None
 
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
-        return [self.mixture_task(rnd, c) for c in clients]
+        return [MixtureTrain(c, rnd, self.stacked(), self.prior(c)) for c in clients]
 
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         for reply in replies:

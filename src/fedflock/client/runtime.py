@@ -119,7 +119,12 @@ class ClientRuntime:
 
     def load_eval(self, params: torch.Tensor) -> nn.Module:
         """The evaluation copy of the model holding the (masked) `params` the server sent."""
-        self.spec.load(self.eval_model, self.receive(params))
+        return self.load_received(self.receive(params))
+
+    def load_received(self, vector: torch.Tensor) -> nn.Module:
+        """The evaluation copy of the model holding a vector already `receive`d (a task that
+        also trains from it unmasks it once)."""
+        self.spec.load(self.eval_model, vector)
         return self.eval_model
 
     def task_seed(self, task: Task, salt: str = "train") -> int:

@@ -391,8 +391,9 @@ class MixtureTrain(Task):
         data = runtime.client_data(self.client)
         starts = [runtime.receive(m) for m in self.models]
         layout = training.eval_layout(data.x_train)
-        losses = torch.stack([training.sample_losses(runtime.load_eval(m), layout, data.y_train,
-                                                     runtime.objective)[1] for m in self.models])
+        losses = torch.stack([training.sample_losses(runtime.load_received(m), layout,
+                                                     data.y_train, runtime.objective)[1]
+                              for m in starts])
         q = self.responsibilities(runtime, losses, data.y_train)
         weights = q.mean(0) if len(q) else torch.full((len(self.models),), 1 / len(self.models),
                                                        dtype=torch.float64)
@@ -454,13 +455,14 @@ class SoftTrain(Task):
     sigma: float = 1e-4
     estimate: bool = False
 
-    def estimated(self, runtime: ClientSide) -> torch.Tensor:
-        """u from the centres' per-sample losses on the client's training data."""
+    def estimated(self, runtime: ClientSide, centres: torch.Tensor) -> torch.Tensor:
+        """u from the (received) centres' per-sample losses on the client's training data."""
         training = runtime.routines
         data = runtime.client_data(self.client)
         layout = training.eval_layout(data.x_train)
-        losses = torch.stack([training.sample_losses(runtime.load_eval(c), layout, data.y_train,
-                                                     runtime.objective)[1] for c in self.centres])
+        losses = torch.stack([training.sample_losses(runtime.load_received(c), layout,
+                                                     data.y_train, runtime.objective)[1]
+                              for c in centres])
         share = (torch.bincount(losses.argmin(0), minlength=len(self.centres)).double()
                  / max(1, losses.shape[1]))
         return torch.where(share > 0, share, torch.full_like(share, self.sigma))
@@ -468,7 +470,7 @@ class SoftTrain(Task):
     def run(self, runtime: ClientSide) -> Reply:
         training = runtime.routines
         centres = torch.stack([runtime.receive(c) for c in self.centres])
-        u = (self.estimated(runtime) if self.estimate or self.importance is None
+        u = (self.estimated(runtime, centres) if self.estimate or self.importance is None
              else self.importance.double())
         choice = int(u.argmax())
         start = (centres[choice] if self.personal is None
