@@ -85,17 +85,20 @@ IFCA_ROUNDS = ("rounds=30", "checkpoint_every=30")
 ATTACK_FREE = [("no-attack", "attack=null")]
 
 
-SHAPE_REFERENCES = ("fedavg", "local", "fedavg_ft", "cfl", "pacfl")
+SHAPE_REFERENCES = ("fedavg", "local", "fedavg_ft", "cfl")
 GIVEN_K = ("fedsoft", "fedrc", "fedem")
+SHAPE_COLUMNS = (*STANDARD, "alternative", "traffic")
 
 
 def federation_shape(config: str, shift: str, data: tuple[str, ...] = (),
-                     oracle: bool = False) -> tuple[Experiment, ...]:
+                     groups: bool = False) -> tuple[Experiment, ...]:
     """Every baseline at FedDAG's federation shape on one shift: the references and PACFL with
-    their defaults, IFCA (both initialisations) and the soft methods given K = 4, and the
-    per-group oracle where there are groups."""
-    return (Experiment(config, SHAPE_REFERENCES + (("oracle",) if oracle else ()),
+    their defaults, IFCA (both initialisations) and the soft methods given K = 4; where there
+    are groups, the per-group oracle and 10 new clients joining PACFL's trained run."""
+    return (Experiment(config, SHAPE_REFERENCES + (("oracle",) if groups else ()),
                        overrides=data, label=shift),
+            Experiment(config, ("pacfl",), overrides=data, label=shift,
+                       newcomers=10 if groups else 0),
             *(Experiment(config, ("ifca",), label=f"{shift}, K=4, {init}", overrides=(
                 *data, f"algorithm={{name: ifca, clusters: 4, init: {init}}}"))
               for init in ("random", "clients")),
@@ -193,13 +196,17 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
                      overrides=(*HAR, f"algorithm={{name: ifca, clusters: {k}}}"))
           for k in (2, 3)),
     ), threads=1),
-    ConfigTable("shape-mnist-concept", "results/federation-shape.md", federation_shape(
-        "mnist_100_clients_20pct.yaml", "concept shift", oracle=True),
-        columns=(*STANDARD, "alternative", "traffic"), threads=1),
-    ConfigTable("shape-mnist-label-skew", "results/federation-shape.md", federation_shape(
-        "mnist_100_clients_20pct.yaml", "label skew",
-        ("data.scenario={kind: dirichlet, alpha: 0.5}",)),
-        columns=(*STANDARD, "alternative", "traffic"), threads=1),
+    *(ConfigTable(f"shape-{dataset}-concept", "results/federation-shape.md", federation_shape(
+        f"{dataset}_100_clients_20pct.yaml", "concept shift", groups=True),
+        columns=(*SHAPE_COLUMNS, "newcomers"), threads=1) for dataset in ("mnist", "cifar10")),
+    *(ConfigTable(f"shape-{dataset}-label-skew", "results/federation-shape.md",
+                  federation_shape(f"{dataset}_100_clients_20pct.yaml", "label skew",
+                                   ("data.scenario={kind: dirichlet, alpha: 0.5}",)),
+                  columns=SHAPE_COLUMNS, threads=1) for dataset in ("mnist", "cifar10")),
+    ConfigTable("shape-mnist-iid", "results/federation-shape.md", (
+        Experiment("mnist_100_clients_20pct.yaml", ("pacfl", "fedavg"),
+                   overrides=("data.scenario={kind: iid, groups: 1}",), label="IID"),),
+        columns=SHAPE_COLUMNS, threads=1),
     ConfigTable("distfl-category-mnist", "results/distfl.md",
                 category("mnist_category_imbalance.yaml", (3, 5, 7), noise=True),
                 columns=(*STANDARD, "seconds"), threads=1),

@@ -59,6 +59,14 @@ def _values(rows: list[Row], field: str) -> list[Any]:
     return [r[field] for r in rows if r.get(field) is not None]
 
 
+def _newcomers(joined: list[Row]) -> str:
+    if not joined:
+        return "–"
+    return (f"{statistics.mean(j['placed'] for j in joined):.0%} / "
+            f"{', '.join(_ari(j['ari']) for j in joined)} / "
+            f"{_pct([j['final'] for j in joined])}")
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a rendered table: its header and its cell from one line's seeds."""
@@ -105,6 +113,9 @@ COLUMNS = {
     "alternative": Column("scored another way %", lambda rows: "; ".join(
         f"{name} {_pct([r['alternatives'][name] for r in rows])}"
         for name in sorted({n for r in rows for n in r.get("alternatives", {})})) or "–"),
+    "newcomers": Column("newcomers: in their group's cluster % / ARI / accuracy %",
+                        lambda rows: _newcomers([r["newcomers"] for r in rows
+                                                 if r.get("newcomers")])),
     "sigma": _mean_of("σ", "sigma", 1, 2),
     "epsilon": _mean_of("whole-run ε", "epsilon", 1, 1),
 }
@@ -118,6 +129,7 @@ class Experiment:
     quick: bool = False  # part of the table's --quick variant (no dataset files needed)
     overrides: tuple[str, ...] = ()  # `--set` style, e.g. "attack.fraction=0.4"
     label: str = ""  # the table's name for it (default: the config's stem)
+    newcomers: int = 0  # after the run, that many new clients join it (`fedflock assign`)
 
     @property
     def key(self) -> str:
@@ -180,6 +192,12 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
             len(h) == 1 for h in held) and len(set().union(*held)) == len(held)}
     for name, other in (summary.get("alternatives") or {}).items():  # e.g. a mixture's hard
         row.setdefault("alternatives", {})[name] = other[metric]["mean"]
+    if experiment.newcomers:  # new clients of the same scenario join the trained run
+        from fedflock.assign import assign_new_clients
+
+        joined = assign_new_clients(where, experiment.newcomers)
+        row["newcomers"] = {"placed": joined["routed_correctly"], "ari": joined["ari"],
+                            "final": joined[f"{metric}_mean"]}
     if summary.get("dp"):  # the noise the privacy budget cost, and the budget spent
         row |= {"sigma": summary["dp"]["noise_multiplier"], "epsilon": summary["dp"]["epsilon"]}
     clustering = next((r for r in result.metrics if "clustering_seconds" in r), None)

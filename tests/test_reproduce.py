@@ -196,3 +196,15 @@ def test_a_stopped_table_reads_finished_runs_back_and_resumes_checkpointed_ones(
     (where / "summary.json").unlink()  # stopped after its last checkpoint
     resumed = tables.read_rows(table.run(False, tmp_path / "results", tmp_path / "runs"))
     assert resumed[0]["final"] == rows[0]["final"] and (where / "summary.json").is_file()
+
+
+def test_newcomers_join_the_trained_run_and_their_placement_is_a_column(tmp_path: Path) -> None:
+    table = tables.ConfigTable("joined", "x.md", (
+        tables.Experiment("digits_label_permutation.yaml", ("pacfl",), overrides=("rounds=2",),
+                          newcomers=4),), seeds=(0,), columns=("final", "newcomers"))
+    row = tables.read_rows(table.run(False, tmp_path / "results", tmp_path / "runs"))[0]
+    joined = row["newcomers"]
+    assert 0 <= joined["placed"] <= 1 and 0 <= joined["final"] <= 1
+    text = table.render(tmp_path / "results")
+    assert "newcomers: in their group's cluster % / ARI / accuracy %" in text
+    assert f"{joined['placed']:.0%} / {joined['ari']:.2f} / {100 * joined['final']:.1f}" in text

@@ -92,9 +92,15 @@ def _model_for(client: int, model: torch.Tensor, epochs: int | None,
     return model if tuned is None else tuned  # a diverged fine-tuning is dropped, as in the run
 
 
-def assign_new_clients(run_dir: Path, clients: int, seed: int) -> dict[str, Any]:
-    """Draw `clients` new clients of the run's scenario (same groups, fresh samples), place
-    each and evaluate it on the model of the cluster it joins."""
+NEWCOMER_SEED = 1000  # the new clients' samples: a stream apart from the run's own seeds
+
+
+def assign_new_clients(run_dir: Path, clients: int, seed: int | None = None
+                       ) -> dict[str, Any]:
+    """Draw `clients` new clients of the run's scenario (same groups, fresh samples from
+    `seed`, by default NEWCOMER_SEED), place each and evaluate it on the model of the cluster
+    it joins."""
+    seed = NEWCOMER_SEED if seed is None else seed
     run = RunDirectory(run_dir)
     if not run.config_path.is_file() or not run.checkpoint_path.is_file() or \
             not (run.path / "summary.json").is_file():

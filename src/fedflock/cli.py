@@ -118,7 +118,9 @@ def report(run_dir: Path) -> None:
 @app.command()
 def assign(run_dir: Path,
            clients: Annotated[int, typer.Option(min=1, help="new clients to place")] = 10,
-           seed: Annotated[int, typer.Option(help="seed of the new clients' samples")] = 1000,
+           seed: Annotated[int | None, typer.Option(
+               help="seed of the new clients' samples (default 1000, apart from run seeds)")
+               ] = None,
            ) -> None:
     """Place new clients of the run's scenario into its clusters (CFL: via the parameter tree;
     other methods: the cluster model that scores best on the client's own data)."""
