@@ -207,6 +207,10 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
         Experiment("mnist_100_clients_20pct.yaml", ("pacfl", "fedavg"),
                    overrides=("data.scenario={kind: iid, groups: 1}",), label="IID"),),
         columns=SHAPE_COLUMNS, threads=1),
+    ConfigTable("fedper-digits", "methods/fedper.md", (
+        Experiment("digits_label_permutation.yaml", ("fedper", "fedavg", "fedavg_ft", "local")),
+        Experiment("digits_iid.yaml", ("fedper", "fedavg", "local")),
+    ), columns=(*STANDARD, "traffic"), threads=1),
     ConfigTable("distfl-category-mnist", "results/distfl.md",
                 category("mnist_category_imbalance.yaml", (3, 5, 7), noise=True),
                 columns=(*STANDARD, "seconds"), threads=1),

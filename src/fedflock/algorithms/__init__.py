@@ -10,6 +10,7 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     fedavg,
     fedavg_ft,
     fedem,
+    fedper,
     fedrc,
     fedsoft,
     ifca,

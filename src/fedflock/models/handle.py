@@ -7,7 +7,7 @@ masking the server cannot know which coordinate is which, so no handle exists th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,25 @@ class ModelHandle:
             offset += n
         return out
 
+    def layers(self) -> list[str]:
+        """The modules holding trainable parameters, in the order of the flat vector (a block
+        `"4.weight"` belongs to layer `"4"`): what partial-sharing methods name parts by."""
+        return list(dict.fromkeys(_layer(b.name) for b in self.blocks if b.trainable))
+
+    def mask(self, layers: Iterable[str]) -> torch.Tensor:
+        """The coordinates (bool, P) of the named layers' blocks, their buffers included (a
+        BatchNorm layer's running statistics go with its weights). An unknown name is a
+        ValueError listing the layers."""
+        wanted, known = set(layers), self.layers()
+        if unknown := sorted(wanted - set(known)):
+            raise ValueError(f"no layer {', '.join(unknown)} in the model (layers: "
+                             f"{', '.join(known)})")
+        out = torch.zeros(self.spec.size, dtype=torch.bool)
+        for block in self.blocks:
+            if _layer(block.name) in wanted:
+                out[block.start : block.stop] = True
+        return out
+
     def module(self, vector: torch.Tensor | None = None) -> nn.Module:
         """A fresh torch module holding `vector` (a new initialisation when None)."""
         model = self._build().to(self.dtype)
@@ -59,3 +78,7 @@ class ModelHandle:
 
     def vector(self, model: nn.Module) -> torch.Tensor:
         return self.spec.flatten(model)
+
+
+def _layer(block: str) -> str:
+    return block.rsplit(".", 1)[0]

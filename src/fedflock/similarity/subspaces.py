@@ -8,6 +8,11 @@ authors compute; the absolute value because a singular vector's sign is arbitrar
 clients' distance is the mean of those angles over the classes both hold; a class held by one
 client only says nothing about the pair and is left out, and two clients sharing no class are
 90° apart (orthogonal: nothing in common).
+
+FedDAG's data similarity (`weighted_subspace_distance`) counts every class either client
+holds: 90° where only one holds it, and each class weighted by how much of it the two hold,
+log(1 + n_i,c) + log(1 + n_j,c), so that a quantity shift (the same classes in very different
+amounts) moves the distance too.
 """
 
 from __future__ import annotations
@@ -41,3 +46,26 @@ def subspace_distance(bases_a: torch.Tensor, counts_a: torch.Tensor, bases_b: to
             total += both * class_angles(bases_a[:, c], bases_b[:, c], angle)
             shared += both
     return torch.where(shared > 0, total / shared.clamp(min=1), torch.full_like(total, 90.0))
+
+
+def weighted_subspace_distance(bases_a: torch.Tensor, counts_a: torch.Tensor,
+                               bases_b: torch.Tensor, counts_b: torch.Tensor,
+                               angle: Angle = "principal") -> torch.Tensor:
+    """(m, n) distances in degrees (FedDAG): over the classes either client holds, the angle
+    between their subspaces (90 where one lacks the class), weighted by
+    log(1 + n_i,c) + log(1 + n_j,c); 90 for two clients with no samples at all."""
+    log_a, log_b = counts_a.double().log1p(), counts_b.double().log1p()
+    total = torch.zeros(len(bases_a), len(bases_b), dtype=torch.float64)
+    weight = torch.zeros_like(total)
+    for c in range(bases_a.shape[1]):
+        has_a, has_b = counts_a[:, c] > 0, counts_b[:, c] > 0
+        if not (has_a.any() or has_b.any()):
+            continue
+        both = has_a.double()[:, None] * has_b.double()[None, :]
+        angles = class_angles(bases_a[:, c], bases_b[:, c], angle)
+        theta = both * angles + (1 - both) * 90.0
+        w = log_a[:, c, None] + log_b[None, :, c]
+        total += w * theta
+        weight += w
+    return torch.where(weight > 0, total / weight.clamp(min=1e-300),
+                       torch.full_like(total, 90.0))
