@@ -93,3 +93,26 @@ def test_fedper_shares_the_body_and_keeps_each_clients_head() -> None:
 def test_fedper_refuses_a_head_that_leaves_no_body() -> None:
     with pytest.raises(ConfigError, match="personal_layers: 2 leaves no shared body"):
         _engine(**{"algorithm": {"name": "fedper", "personal_layers": 2}})
+
+
+def test_a_dual_encoder_has_two_differently_drawn_encoders_and_one_classifier() -> None:
+    from torch import nn
+
+    from fedflock.api import run
+    from fedflock.models.dual import dual_encoder
+
+    engine, _ = _engine(**{"model": {"name": "mlp", "hidden": [16], "dual_encoder": True}})
+    try:
+        handle = engine.model_handle()
+        layers = handle.layers()
+        assert [layer.split(".")[0] for layer in layers] == ["primary", "secondary", "head"]
+        model = handle.module()
+        assert not torch.equal(model.primary[1].weight, model.secondary[1].weight)
+        assert model.head.in_features == 32
+    finally:
+        engine.close()
+    summary = run(small_config(**{"rounds": 2, "model": {"name": "mlp", "hidden": [16],
+                                                         "dual_encoder": True}})).summary
+    assert 0 <= summary["accuracy"]["mean"] <= 1
+    with pytest.raises(ConfigError, match="not a sequence of layers ending in a linear"):
+        dual_encoder(lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "odd")

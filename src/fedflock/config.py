@@ -99,6 +99,10 @@ class ModelConfig(_Strict):
     width: float = Field(1.0, gt=0, le=4, description="channel multiplier of vgg11_bn, resnet18 "
                          "and cnn1d_bn (each layer keeps at least one channel); 0.25 makes "
                          "vgg11_bn and resnet18 CPU-practical")
+    dual_encoder: bool = Field(False, description="two copies of the model's feature layers "
+                               "(all but its last linear layer), their features concatenated "
+                               "before one classifier; FedDAG shares the second copy with "
+                               "complementary clusters")
 
 
 class TrainingConfig(_Strict):

@@ -41,6 +41,7 @@ Where this departs from the paper and the authors' code, and why:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,11 +92,12 @@ class SubspaceRouter:
     counts: torch.Tensor  # (n, C)
     clients: list[int]
     cluster_of: dict[int, int]  # client -> cluster id
-    params: PACFLParams
+    params: Any  # the method's: `angle` and `neighbours`
+    distance: Callable[..., torch.Tensor] = subspace_distance  # the method's data distance
 
     def vote(self, bases: torch.Tensor, counts: torch.Tensor) -> tuple[int, dict[str, Any]]:
-        distance = subspace_distance(bases[None], counts[None], self.bases, self.counts,
-                                     self.params.angle)[0].numpy()
+        distance = self.distance(bases[None], counts[None], self.bases, self.counts,
+                                 self.params.angle)[0].numpy()
         k = min(self.params.neighbours or default_neighbours(len(self.clients)),
                 len(self.clients))
         order = np.argsort(distance, kind="stable")[:k]
@@ -119,14 +121,15 @@ class PACFL(ClusteredAlgorithm):
     name = "pacfl"
     Params = PACFLParams
     state_fields = ("bases", "counts", "based", "clustered")
+    data_distance = staticmethod(subspace_distance)  # how two clients' bases compare
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         spec, dataset = self.context.data_spec, self.context.dataset
         if spec is not None and (spec.integer_inputs or spec.objective != "classification"):
-            raise ConfigError(f"config: algorithm 'pacfl' compares per-class subspaces of the "
-                              f"inputs, which dataset {dataset!r} (token sequences, objective "
-                              f"{spec.objective}) does not have")
+            raise ConfigError(f"config: algorithm {self.name!r} compares per-class subspaces "
+                              f"of the inputs, which dataset {dataset!r} (token sequences, "
+                              f"objective {spec.objective}) does not have")
         self.bases: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # client -> basis, counts
         self.clustered = False
 
@@ -139,8 +142,12 @@ class PACFL(ClusteredAlgorithm):
         shape = dict(classes=spec.num_classes, dim=int(np.prod(spec.input_shape))) if spec else {}
         return Basis(client, rnd, rank=self.params.rank, **shape)
 
+    def wants_bases(self) -> bool:
+        """Whether this round asks for bases instead of training (PACFL: until it clusters)."""
+        return not self.clustered
+
     def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
-        if not self.clustered:
+        if self.wants_bases():
             return [self._basis_task(rnd, c) for c in clients]
         return super().configure_train(rnd, clients)
 
@@ -150,25 +157,37 @@ class PACFL(ClusteredAlgorithm):
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered:
             return super().aggregate_train(rnd, replies)
-        self.bases = {r.client: (r.tensors["basis"].float(), r.tensors["counts"].float())
-                      for r in replies}
-        clients = sorted(self.bases)
+        clients = self.collect_bases(replies)
         bases, counts = self._stacked(clients)
         distance = subspace_distance(bases, counts, bases, counts, self.params.angle).numpy()
-        positions, figures = self._partition(distance)
+        return self.cluster(rnd, clients, distance, 1 - distance / 90.0,
+                            {"angle": self.params.angle}, self.context.initial)
+
+    def collect_bases(self, replies: list[Reply]) -> list[int]:
+        """Keep the replies' bases and class counts; the clients that sent them, sorted."""
+        self.bases = {r.client: (r.tensors["basis"].float(), r.tensors["counts"].float())
+                      for r in replies}
+        return sorted(self.bases)
+
+    def cluster(self, rnd: int, clients: list[int], distance: np.ndarray,
+                similarity: np.ndarray, figures: dict[str, Any], start: torch.Tensor
+                ) -> dict[str, Any]:
+        """Partition `clients` on `distance` (rows in their order), every cluster starting from
+        `start`; the clients left out wait with it and are placed by their bases when next
+        sampled. Recorded as one `cluster` decision with `similarity` as its matrix."""
+        positions, rule = self._partition(distance)
         parts = [[clients[i] for i in part] for part in positions]
         previous = [c.id for c in self._clusters]
-        initial = self.context.initial
-        self._clusters = [self.new_cluster(part, initial) for part in parts]
+        self._clusters = [self.new_cluster(part, start) for part in parts]
         for client in sorted(set(range(self.num_clients)) - set(clients)):
-            self.wait(client, -1, initial)  # absent: placed by its bases when next sampled
+            self.wait(client, -1, start)
         self._index_members()
         self.clustered = True
-        figures |= separation(distance, positions) | {"angle": self.params.angle}
+        figures = rule | separation(distance, positions) | figures
         self.record(Decision("cluster", rnd, previous, [c.id for c in self._clusters], parts,
-                             figures, (clients, 1 - distance / 90.0)))
+                             figures, (clients, similarity)))
         return {"clusters": [{"id": c.id, "size": len(c.members), "replied": 0}
-                             for c in self._clusters], "pacfl_rule": figures}
+                             for c in self._clusters], f"{self.name}_rule": figures}
 
     def _partition(self, distance: np.ndarray) -> tuple[list[list[int]], dict[str, Any]]:
         if self.params.clusters is not None:
@@ -185,7 +204,8 @@ class PACFL(ClusteredAlgorithm):
         clients = sorted(c for c in self.bases if c in self._cluster_of)
         bases, counts = self._stacked(clients)
         return SubspaceRouter(bases, counts, clients,
-                              {c: self._cluster_of[c].id for c in clients}, self.params)
+                              {c: self._cluster_of[c].id for c in clients}, self.params,
+                              self.data_distance)
 
     def place(self, reply: Reply) -> tuple[Cluster | None, bool]:
         if not self.clustered:
@@ -199,7 +219,8 @@ class PACFL(ClusteredAlgorithm):
         cluster_of = {int(m): int(c["id"]) for c in state["clusters"] for m in c["members"]}
         rows = [i for i, c in enumerate(state["based"]) if int(c) in cluster_of]
         return SubspaceRouter(state["bases"][rows], state["counts"][rows],
-                              [int(state["based"][i]) for i in rows], cluster_of, params)
+                              [int(state["based"][i]) for i in rows], cluster_of, params,
+                              cls.data_distance)
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

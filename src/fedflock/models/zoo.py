@@ -11,6 +11,7 @@ from torch import nn
 from fedflock.config import ModelConfig
 from fedflock.data.spec import DataSpec
 from fedflock.errors import ConfigError
+from fedflock.models.dual import dual_encoder
 from fedflock.registry import Registry
 
 Builder = Callable[[DataSpec, ModelConfig], nn.Module]
@@ -201,4 +202,7 @@ def cnn1d_bn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
 
 
 def build_model(cfg: ModelConfig, data: DataSpec) -> nn.Module:
-    return MODELS.get(cfg.name)(data, cfg)
+    builder = MODELS.get(cfg.name)
+    if cfg.dual_encoder:
+        return dual_encoder(lambda: builder(data, cfg), cfg.name)
+    return builder(data, cfg)
