@@ -207,6 +207,15 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
         Experiment("mnist_100_clients_20pct.yaml", ("pacfl", "fedavg"),
                    overrides=("data.scenario={kind: iid, groups: 1}",), label="IID"),),
         columns=SHAPE_COLUMNS, threads=1),
+    ConfigTable("feddag-automatic-k", "methods/feddag.md", tuple(
+        Experiment("mnist_100_clients_20pct.yaml", ("feddag",), label=label,
+                   overrides=(f"data.scenario={{kind: {scenario}}}", "rounds=3", "eval_every=3"))
+        for label, scenario in (
+            ("2 groups", "label_permutation, groups: 2"),
+            ("4 groups", "label_permutation, groups: 4"),
+            ("8 groups", "label_permutation, groups: 8"),
+            ("IID", "iid, groups: 1"), ("label skew, Dirichlet 0.5", "dirichlet, alpha: 0.5"))),
+        seeds=(0, 1, 2, 3), columns=("clusters", "ari"), threads=1),
     ConfigTable("fedper-digits", "methods/fedper.md", (
         Experiment("digits_label_permutation.yaml", ("fedper", "fedavg", "fedavg_ft", "local")),
         Experiment("digits_iid.yaml", ("fedper", "fedavg", "local")),

@@ -18,7 +18,8 @@ from fedflock.validation import validate
 from fedflock.wire import Reply
 from tests.conftest import small_config
 
-DAG = {"data.clients": 12, "rounds": 5, "participation.fraction": 0.25,
+DAG = {"data.clients": 12, "data.samples_per_client": 80, "rounds": 5,
+       "participation.fraction": 0.25,
        "algorithm": {"name": "feddag", "warmup_rounds": 2}}
 
 

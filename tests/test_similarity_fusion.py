@@ -62,3 +62,24 @@ def test_each_client_leans_on_the_similarity_that_separates_its_neighbours() -> 
     assert torch.allclose(fused, fused.T) and torch.allclose(swapped, swapped.T)
     uniform = row_entropy(flat[None], 0.1)[0]
     assert torch.allclose(uniform, torch.full((n,), math.log(n - 1), dtype=torch.float64))
+
+
+def test_the_sweep_finds_tight_groups_and_keeps_a_structureless_cloud_whole() -> None:
+    import numpy as np
+
+    from fedflock.clustering.hierarchical import sweep_partition
+
+    rng = np.random.default_rng(0)
+    centres = np.repeat(np.eye(3) * 10, 8, axis=0)  # 3 groups of 8 in 3-D
+    points = centres + rng.normal(size=centres.shape)
+    distance = np.linalg.norm(points[:, None] - points[None], axis=2)
+    parts, figures = sweep_partition(distance)
+    assert sorted(map(len, parts)) == [8, 8, 8]
+    assert all(len({i // 8 for i in part}) == 1 for part in parts)
+    assert figures["small_share"] == 0 and 0 < figures["compactness"] < 0.5
+    cloud = rng.normal(size=(24, 20))
+    whole, figures = sweep_partition(np.linalg.norm(cloud[:, None] - cloud[None], axis=2))
+    assert whole == [list(range(24))] and figures["score"] == 1.0
+    # groups below min_size cost their share: forbidding them merges the groups
+    merged, _ = sweep_partition(distance, min_size=9)
+    assert len(merged) < 3

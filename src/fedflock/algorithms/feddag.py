@@ -13,10 +13,12 @@ ICLR 2026).
    cosines.
 3. Fusion A = w_i G + (1 - w_i) D row by row, w_i chosen to minimise the entropy of the row's
    softmax at `temperature` (`fuse_by_entropy`), symmetrised.
-4. Clusters on the distance 1 - A: `clusters: K` cuts the average-linkage dendrogram; by
-   default the scale-free k-nearest-neighbour rule PACFL uses (each client joined to its k =
-   round(ln n) nearest, clusters the connected components). Every cluster starts from the
-   warm-up's global model, and trains by FedAvg on the run's sampled clients.
+4. Clusters on the distance 1 - A: `clusters: K` cuts the average-linkage dendrogram into K;
+   by default every cut of it is scored, L = L1 + `penalty` * L2 (L1: the mean distance
+   within clusters over the mean distance between all clients; L2: the share of clients in
+   clusters smaller than `min_size`, default sqrt(n)), and the lowest wins
+   (`sweep_partition`). Every cluster starts from the warm-up's global model, and trains by
+   FedAvg on the run's sampled clients.
 5. With a dual-encoder model (`model.dual_encoder: true`), each cluster's secondary encoder is
    also refined with the updates of the clients of its `complementary` most complementary
    clusters; its primary encoder and classifier stay within the cluster. Complementarity of
@@ -24,11 +26,16 @@ ICLR 2026).
    covers, plus the mean data similarity between their members.
 
 Where this departs from the paper and the authors' code, and why:
-- Automatic K: the paper sweeps a distance threshold and keeps the partition of lowest
-  L1 + lambda * L2 (compactness plus a penalty on small clusters) without giving lambda or
-  the sweep's bounds; the authors' code has the search commented out and hard-codes a
-  threshold (0.4, single linkage). Until that search is built and measured, the default is
-  PACFL's rank-based rule, which needs no unit or scale.
+- Automatic K: the paper sweeps a distance threshold in steps of 0.05 and keeps the partition
+  of lowest L1 + lambda * L2 without defining the terms exactly or giving lambda; the
+  authors' code has that search commented out and hard-codes a threshold (0.4, single
+  linkage). Here the sweep is every merge height of the dendrogram (every partition it holds,
+  no step or unit), L1 is a mean, not a sum, over the pairs inside clusters (a sum shrinks
+  with the number of pairs, so it splits even a federation without structure), and
+  "smaller than the typical size" is smaller than sqrt(n). With lambda above 1 all singletons
+  score worse than one cluster, so an IID federation stays whole; lambda = 2 and sqrt(n) were
+  chosen on the clustering rounds of MNIST at 100 clients (2, 4 and 8 label-permutation
+  groups, IID, Dirichlet 0.5 label skew), where they find every group and keep IID whole.
 - The paper learns the fusion weights with a small network minimising the same entropy; a
   client's row depends on its weight alone, so a grid search finds each minimum exactly. The
   authors' code applies the sharpening to a distance matrix (it favours the farthest clients):
@@ -63,6 +70,7 @@ from fedflock.algorithms.blocks import Part, blockwise_mean, examples
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.pacfl import PACFL
 from fedflock.algorithms.registry import ALGORITHMS
+from fedflock.clustering.hierarchical import sweep_partition
 from fedflock.similarity.fusion import fuse_by_entropy
 from fedflock.similarity.sparse import Sparsify, sparse_cosine
 from fedflock.similarity.subspaces import Angle, weighted_subspace_distance
@@ -74,7 +82,8 @@ class FedDAGParams(AlgorithmParams):
         "data similarity": ("rank", "angle"),
         "gradient similarity": ("warmup_rounds", "sparsify", "keep"),
         "fusion": ("temperature",),
-        "number of clusters": ("clusters", "neighbours"),
+        "number of clusters": ("clusters", "penalty", "min_size"),
+        "late and new clients": ("neighbours",),
         "dual encoder": ("complementary",),
     }
     rank: int = Field(3, ge=1, description="p: principal vectors each client sends per class "
@@ -96,9 +105,16 @@ class FedDAGParams(AlgorithmParams):
                                "client's weight of gradients against data")
     clusters: int | None = Field(None, ge=1, description="K: cut the average-linkage "
                                  "dendrogram of the fused distance into K clusters when you "
-                                 "know K; null: the scale-free k-nearest-neighbour rule")
-    neighbours: int | None = Field(None, ge=1, description="k of the automatic rule; null: "
-                                   "round(ln n), at least 2")
+                                 "know K; null: the threshold sweep picks K")
+    penalty: float = Field(2.0, gt=0, description="lambda of the sweep's score, the cost of "
+                           "a client in a cluster smaller than min_size; above 1 keeps a "
+                           "federation without structure whole, higher merges small groups")
+    min_size: int | None = Field(None, ge=1, description="clusters smaller than this are "
+                                 "penalised by the sweep; null: sqrt(n). Lower it when you "
+                                 "expect groups of fewer clients")
+    neighbours: int | None = Field(None, ge=1, description="how many nearest clustered "
+                                   "clients a late or new client's bases are compared with "
+                                   "to choose its cluster; null: round(ln n), at least 2")
     complementary: int = Field(2, ge=0, description="how many complementary clusters refine "
                                "each cluster's secondary encoder (the paper: 2); 0 shares "
                                "nothing across clusters. Needs model.dual_encoder")
@@ -137,6 +153,12 @@ class FedDAG(PACFL):
         if rnd < 1 + self.params.warmup_rounds:
             return out
         return out | self._cluster_fused(rnd, [r for r in replies if r.client in self.bases])
+
+    def _partition(self, distance: np.ndarray) -> tuple[list[list[int]], dict[str, Any]]:
+        p = self.params
+        if p.clusters is not None:
+            return super()._partition(distance)
+        return sweep_partition(distance, p.penalty, p.min_size)
 
     def _cluster_fused(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         p = self.params
