@@ -92,13 +92,16 @@ SHAPE_COLUMNS = (*STANDARD, "alternative", "traffic")
 
 def federation_shape(config: str, shift: str, data: tuple[str, ...] = (),
                      groups: bool = False) -> tuple[Experiment, ...]:
-    """Every baseline at FedDAG's federation shape on one shift: the references and PACFL with
-    their defaults, IFCA (both initialisations) and the soft methods given K = 4; where there
-    are groups, the per-group oracle and 10 new clients joining PACFL's trained run."""
+    """Every baseline at FedDAG's federation shape on one shift: the references, PACFL and
+    FedDAG (also with its dual encoder) with their defaults, IFCA (both initialisations) and
+    the soft methods given K = 4; where there are groups, the per-group oracle and 10 new
+    clients joining PACFL's and FedDAG's trained runs."""
     return (Experiment(config, SHAPE_REFERENCES + (("oracle",) if groups else ()),
                        overrides=data, label=shift),
-            Experiment(config, ("pacfl",), overrides=data, label=shift,
+            Experiment(config, ("pacfl", "feddag"), overrides=data, label=shift,
                        newcomers=10 if groups else 0),
+            Experiment(config, ("feddag",), label=f"{shift}, dual encoder",
+                       overrides=(*data, "model.dual_encoder=true")),
             *(Experiment(config, ("ifca",), label=f"{shift}, K=4, {init}", overrides=(
                 *data, f"algorithm={{name: ifca, clusters: 4, init: {init}}}"))
               for init in ("random", "clients")),
@@ -204,7 +207,7 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
                                    ("data.scenario={kind: dirichlet, alpha: 0.5}",)),
                   columns=SHAPE_COLUMNS, threads=1) for dataset in ("mnist", "cifar10")),
     ConfigTable("shape-mnist-iid", "results/federation-shape.md", (
-        Experiment("mnist_100_clients_20pct.yaml", ("pacfl", "fedavg"),
+        Experiment("mnist_100_clients_20pct.yaml", ("pacfl", "feddag", "fedavg"),
                    overrides=("data.scenario={kind: iid, groups: 1}",), label="IID"),),
         columns=SHAPE_COLUMNS, threads=1),
     ConfigTable("feddag-automatic-k", "methods/feddag.md", tuple(
@@ -216,6 +219,16 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
             ("8 groups", "label_permutation, groups: 8"),
             ("IID", "iid, groups: 1"), ("label skew, Dirichlet 0.5", "dirichlet, alpha: 0.5"))),
         seeds=(0, 1, 2, 3), columns=("clusters", "ari"), threads=1),
+    ConfigTable("feddag-ablations", "methods/feddag.md", tuple(
+        Experiment("mnist_100_clients_20pct.yaml", ("feddag",), label=label, overrides=(
+            "data.scenario={kind: dirichlet, alpha: 0.5}", *settings))
+        for label, settings in (
+            ("fused, random mask, single encoder", ()),
+            ("data similarity only", ("algorithm.similarity=data",)),
+            ("gradient similarity only", ("algorithm.similarity=gradient",)),
+            ("top-k instead of a random mask", ("algorithm.sparsify=topk",)),
+            ("dual encoder", ("model.dual_encoder=true",)))),
+        columns=(*SHAPE_COLUMNS[:5], "traffic"), threads=1),
     ConfigTable("fedper-digits", "methods/fedper.md", (
         Experiment("digits_label_permutation.yaml", ("fedper", "fedavg", "fedavg_ft", "local")),
         Experiment("digits_iid.yaml", ("fedper", "fedavg", "local")),

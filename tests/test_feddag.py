@@ -66,3 +66,13 @@ def test_the_secondary_encoder_also_averages_the_complementary_clusters_updates(
         assert torch.allclose(moved[secondary], torch.full((int(secondary.sum()),), shared))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("similarity, weight", [("data", 0.0), ("gradient", 1.0)])
+def test_one_signal_alone_clusters_with_its_weight_recorded(similarity: str,
+                                                             weight: float) -> None:
+    summary = run(small_config(**{**DAG, "algorithm": {
+        "name": "feddag", "warmup_rounds": 2, "similarity": similarity}})).summary
+    (decision,) = summary["splits"]
+    assert decision["gradient_weight"] == {"mean": weight, "min": weight, "max": weight}
+    assert summary["ari"] == pytest.approx(1.0)

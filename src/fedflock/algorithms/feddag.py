@@ -59,7 +59,7 @@ Where this departs from the paper and the authors' code, and why:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -81,7 +81,7 @@ class FedDAGParams(AlgorithmParams):
     field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
         "data similarity": ("rank", "angle"),
         "gradient similarity": ("warmup_rounds", "sparsify", "keep"),
-        "fusion": ("temperature",),
+        "fusion": ("similarity", "temperature"),
         "number of clusters": ("clusters", "penalty", "min_size"),
         "late and new clients": ("neighbours",),
         "dual encoder": ("complementary",),
@@ -100,6 +100,9 @@ class FedDAGParams(AlgorithmParams):
     keep: float = Field(0.02, gt=0, le=1, description="share of an update's coordinates the "
                         "gradient similarity reads (the paper: 1-2%); more is steadier and "
                         "costs more")
+    similarity: Literal["fused", "data", "gradient"] = Field(
+        "fused", description="fused: data and gradient similarity weighted per client (the "
+        "paper); data or gradient: that one alone, to see what each contributes")
     temperature: float = Field(0.1, gt=0, description="softmax temperature of the fusion's "
                                "entropy; lower lets the single closest neighbours decide each "
                                "client's weight of gradients against data")
@@ -168,7 +171,12 @@ class FedDAG(PACFL):
         gradient = sparse_cosine(updates, p.keep, p.sparsify, seed=self.context.seed)
         bases, counts = self._stacked(clients)
         data = 1 - weighted_subspace_distance(bases, counts, bases, counts, p.angle) / 90.0
-        fused, weights = fuse_by_entropy(gradient, data, p.temperature)
+        if p.similarity == "fused":
+            fused, weights = fuse_by_entropy(gradient, data, p.temperature)
+        else:  # one signal alone: its weight is 1 (gradients) or 0 (data) for every client
+            alone = p.similarity == "gradient"
+            fused = gradient.double() if alone else data
+            weights = torch.full((len(clients),), float(alone), dtype=torch.float64)
         distance = (1 - fused).clamp_min(0).numpy()
         figures = {"sparsify": p.sparsify, "keep": p.keep,
                    "gradient_weight": {"mean": round(float(weights.mean()), 4),
