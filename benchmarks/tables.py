@@ -639,6 +639,45 @@ class HeadlineTable(View):
 
 
 @dataclass(frozen=True)
+class Reported:
+    """One column pair of `BesidePaper`: the paper's figures for a setting (quoted, by
+    method) and the rows of ours (a table, and the label its experiments share)."""
+    header: str  # the setting, as the paper names it
+    ours: str  # ours, when it differs (dataset, shift parameter)
+    table: str
+    label: str
+    paper: dict[str, float]  # method -> the paper's accuracy %
+
+
+@dataclass(frozen=True)
+class BesidePaper(View):
+    """A paper's reported accuracies, quoted, beside our final-round means from other tables'
+    rows; a method the paper or we did not run is a dash."""
+    name: str
+    page: str
+    methods: tuple[tuple[str, str, str], ...]  # (name, algorithm, suffix of its label)
+    columns: tuple[Reported, ...]
+
+    def render(self, results: Path) -> str:
+        head = " | ".join(f"paper: {c.header} | ours: {c.ours}" for c in self.columns)
+        lines = [f"| method | {head} |", "|---|" + "---|---|" * len(self.columns)]
+        for method, algorithm, suffix in self.methods:
+            cells = []
+            for c in self.columns:
+                quoted = c.paper.get(method)
+                rows = _line_rows(results, c.table, c.label + suffix, algorithm)
+                finals = [r["final"] for r in rows]
+                cells += [f"{quoted:.2f}" if quoted is not None else "–",
+                          _pct(finals) if finals else "–"]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        tables = ", ".join(f"`{t}`" for t in dict.fromkeys(c.table for c in self.columns))
+        lines += ["", f"Ours: final round, mean ± std over seeds, from the rows of {tables} "
+                  "(`python -m benchmarks.reproduce run NAME`); a dash where a table is not "
+                  "run yet or the method is not in it."]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
 class GridFigure(View):
     """The scenario grid in one picture: each method's final accuracy against the oracle's on
     every cell and seed, FedAvg's beside it. Drawn from the grid's rows into `image` (under

@@ -208,3 +208,15 @@ def test_newcomers_join_the_trained_run_and_their_placement_is_a_column(tmp_path
     text = table.render(tmp_path / "results")
     assert "newcomers: in their group's cluster % / ARI / accuracy %" in text
     assert f"{joined['placed']:.0%} / {joined['ari']:.2f} / {100 * joined['final']:.1f}" in text
+
+
+def test_a_papers_figures_stand_beside_our_means_and_a_missing_line_is_a_dash(
+        tmp_path: Path) -> None:
+    rows = [{"config": "shift, dual", "algorithm": "m", "seed": s, "final": f}
+            for s, f in ((0, 0.5), (1, 0.7))]
+    (tmp_path / "ours.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    view = tables.BesidePaper("cmp", "x.md", (("M", "m", ", dual"), ("N", "n", "")), (
+        tables.Reported("theirs", "mine", "ours", "shift", {"M": 61.25}),))
+    text = view.render(tmp_path)
+    assert "| method | paper: theirs | ours: mine |" in text
+    assert "| M | 61.25 | 60.0 ± 14.1 |" in text and "| N | – | – |" in text
