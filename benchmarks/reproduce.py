@@ -220,7 +220,15 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
             ("4 groups", "label_permutation, groups: 4"),
             ("8 groups", "label_permutation, groups: 8"),
             ("IID", "iid, groups: 1"), ("label skew, Dirichlet 0.5", "dirichlet, alpha: 0.5"))),
-        seeds=(0, 1, 2, 3), columns=("clusters", "ari"), threads=1),
+        seeds=tuple(range(8)), columns=("clusters", "ari"), threads=1),
+    ConfigTable("pacfl-angle", "methods/pacfl.md", tuple(
+        Experiment("mnist_100_clients_20pct.yaml", ("pacfl",), label=f"{label}, {angle}",
+                   overrides=(f"data.scenario={{kind: {scenario}}}", f"algorithm.angle={angle}",
+                              "rounds=1", "eval_every=1"))
+        for label, scenario in (("4 groups", "label_permutation, groups: 4"),
+                                ("IID", "iid, groups: 1"),
+                                ("label skew, Dirichlet 0.5", "dirichlet, alpha: 0.5"))
+        for angle in ("principal", "elementwise")), columns=("clusters", "ari"), threads=1),
     ConfigTable("feddag-ablations", "methods/feddag.md", tuple(
         Experiment("mnist_100_clients_20pct.yaml", ("feddag",), label=label, overrides=(
             "data.scenario={kind: dirichlet, alpha: 0.5}", *settings))
