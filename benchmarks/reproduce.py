@@ -240,8 +240,9 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
             ("dual encoder", ("model.dual_encoder=true",)))),
         columns=(*SHAPE_COLUMNS[:5], "traffic"), threads=1),
     ConfigTable("fedper-digits", "methods/fedper.md", (
-        Experiment("digits_label_permutation.yaml", ("fedper", "fedavg", "fedavg_ft", "local")),
-        Experiment("digits_iid.yaml", ("fedper", "fedavg", "local")),
+        Experiment("digits_label_permutation.yaml",
+                   ("fedper", "fedbabu", "fedavg", "fedavg_ft", "local")),
+        Experiment("digits_iid.yaml", ("fedper", "fedbabu", "fedavg", "local")),
     ), columns=(*STANDARD, "traffic"), threads=1),
     ConfigTable("distfl-category-mnist", "results/distfl.md",
                 category("mnist_category_imbalance.yaml", (3, 5, 7), noise=True),

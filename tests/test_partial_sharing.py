@@ -3,6 +3,8 @@ FedPer (a shared body, each client's head its own) as its user."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -116,3 +118,26 @@ def test_a_dual_encoder_has_two_differently_drawn_encoders_and_one_classifier() 
     assert 0 <= summary["accuracy"]["mean"] <= 1
     with pytest.raises(ConfigError, match="not a sequence of layers ending in a linear"):
         dual_encoder(lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "odd")
+
+
+@pytest.mark.parametrize("settings", [
+    {"training.executor": "batched", "training.weight_decay": 0.01, "training.momentum": 0.9},
+    {"privacy.dp": {"mechanism": "dp-sgd", "epsilon": 8.0}},
+], ids=["batched-executor-decay-momentum", "dp-sgd"])
+def test_fedbabu_trains_the_body_and_never_moves_the_head(tmp_path: Path, settings: dict
+                                                          ) -> None:
+    from fedflock.api import run
+
+    raw = small_config(**{"rounds": 2, "algorithm": {"name": "fedbabu", "finetune_epochs": 1},
+                          **settings})
+    run(raw, tmp_path / "run")
+    engine, algorithm = _engine(**{k: v for k, v in raw.items() if k != "privacy"})
+    try:
+        initial, body = engine.initial_models(1)[0], algorithm.body.bool()
+    finally:
+        engine.close()
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    (cluster,) = state["algorithm"]["clusters"]
+    shared = cluster["params"]
+    assert torch.equal(shared[~body], initial[~body])  # the head: the random start
+    assert not torch.allclose(shared[body], initial[body])  # the body learned

@@ -9,6 +9,7 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     distfl,
     fedavg,
     fedavg_ft,
+    fedbabu,
     feddag,
     fedem,
     fedper,

@@ -52,7 +52,8 @@ def released(runtime: ClientSide, task: Task, start: torch.Tensor, update: torch
 
 def local_training(runtime: ClientSide, task: Task, start: torch.Tensor, salt: str,
                    epochs: int | None = None, sample_weights: torch.Tensor | None = None,
-                   proximal: Any = None) -> tuple[torch.Tensor, float]:
+                   proximal: Any = None, trainable: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, float]:
     """(update, mean loss) of the client's local training from `start`: DP-SGD under a
     per-sample mechanism, plain SGD otherwise; `salt` names the training in the task's seeds
     (a task training several models gives each its own, so no two share noise)."""
@@ -64,10 +65,10 @@ def local_training(runtime: ClientSide, task: Task, start: torch.Tensor, salt: s
         return training.train_model_private(
             runtime.dp, runtime.model, runtime.spec, start, data.x_train, data.y_train,
             runtime.training, seed, runtime.task_seed(task, f"dp-sgd-{salt}"), epochs,
-            runtime.objective, weights, proximal)
+            runtime.objective, weights, proximal, trainable=trainable)
     return training.train_model(runtime.model, runtime.spec, start, data.x_train, data.y_train,
                                 runtime.training, seed, epochs, runtime.objective, weights,
-                                proximal)
+                                proximal, trainable)
 
 
 @register_task
@@ -78,7 +79,9 @@ class Train(Task):
     Options: `epochs` overrides the configured local epochs (fine-tuning); `proximal_mu` adds
     mu/2 * sum_k w_k ||theta - c_k||^2 with `centres` (K, P) and `centre_weights` (K,), or with
     the received model as the one centre when no centres are given (FedProx);
-    `sample_weights` (one per training sample) weight the per-sample losses (FedRC).
+    `sample_weights` (one per training sample) weight the per-sample losses (FedRC);
+    `trainable` (uint8 over the model vector, 1 = trained) holds the other parameters fixed
+    (FedBABU's head). A method sending it knows the model's layout, so it refuses masking.
     """
 
     kind = "train"
@@ -88,11 +91,12 @@ class Train(Task):
     centres: torch.Tensor | None = None
     centre_weights: torch.Tensor | None = None
     sample_weights: torch.Tensor | None = None
+    trainable: torch.Tensor | None = None
 
     @property
     def plain(self) -> bool:
         """Plain local SGD (what the batched executor runs in one vectorised pass)."""
-        return not self.proximal_mu and self.sample_weights is None
+        return not self.proximal_mu and self.sample_weights is None and self.trainable is None
 
     @property
     def salt(self) -> str:
@@ -115,7 +119,8 @@ class Train(Task):
         data = runtime.client_data(self.client)
         start = runtime.receive(self.params)
         update, loss = local_training(runtime, self, start, self.salt, self.epochs,
-                                      self.sample_weights, self.proximal(runtime, start))
+                                      self.sample_weights, self.proximal(runtime, start),
+                                      self.trainable)
         return released(runtime, self, start, update, loss, data.num_train, self.salt)
 
     def updates(self, reply: Reply) -> list[tuple[Hashable, torch.Tensor]]:

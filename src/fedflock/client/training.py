@@ -77,19 +77,38 @@ class Proximal:
                                for p, c in zip(params, centre, strict=True)]
 
 
+def trained_parts(spec: FlatSpec, trainable: torch.Tensor | None) -> list[torch.Tensor] | None:
+    """Per parameter tensor, which of its entries a step may change, from a flat mask over the
+    model vector (nonzero = trained); None when every entry is."""
+    if trainable is None:
+        return None
+    parts = spec.split(trainable.to(torch.float64))
+    return [parts[name] != 0 for name in spec.names[: spec.num_params]]
+
+
+def _apply(param: torch.Tensor, new: torch.Tensor, trained: torch.Tensor | None) -> None:
+    """`param` <- `new`, where it is trained (a held entry keeps its value: no step, no weight
+    decay)."""
+    param.copy_(new if trained is None else torch.where(trained, new, param))
+
+
 def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.Tensor,
                 y: torch.Tensor, cfg: TrainingConfig, seed: int, epochs: int | None = None,
                 objective: Objective | None = None, sample_weights: torch.Tensor | None = None,
-                proximal: Proximal | None = None) -> tuple[torch.Tensor, float]:
+                proximal: Proximal | None = None, trainable: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, float]:
     """Local SGD from `start`; returns (weight-update, mean training loss).
 
     `sample_weights` (one per training sample) weight the per-sample losses of a batch (their
-    batch mean, as FedRC's responsibility-weighted loss); `proximal` adds its term's gradient.
+    batch mean, as FedRC's responsibility-weighted loss); `proximal` adds its term's gradient;
+    `trainable` (a flat mask, nonzero = trained) holds the other parameters fixed (FedBABU's
+    head). Buffers such as BatchNorm statistics follow the data either way.
     """
     objective = objective or Classification()
     spec.load(model, start)
     model.train()
     params = [p for p in model.parameters()]
+    trained = trained_parts(spec, trainable) or [None] * len(params)
     bufs: list[torch.Tensor | None] = [None] * len(params)
     pull = proximal.gradient(spec, start.dtype) if proximal is not None else None
     losses = []
@@ -106,7 +125,7 @@ def train_model(model: nn.Module, spec: FlatSpec, start: torch.Tensor, x: torch.
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(params, grads, strict=True)):
                 new, bufs[i] = sgd_step(p, g, bufs[i], cfg)
-                p.copy_(new)
+                _apply(p, new, trained[i])
         losses.append(loss.detach())
     return spec.flatten(model) - start, float(torch.stack(losses).mean())
 
@@ -116,14 +135,15 @@ def train_model_private(dp: ClientDP, model: nn.Module, spec: FlatSpec, start: t
                         noise_seed: int, epochs: int | None = None,
                         objective: Objective | None = None,
                         sample_weights: torch.Tensor | None = None,
-                        proximal: Proximal | None = None, single_step: bool = False
-                        ) -> tuple[torch.Tensor, float]:
+                        proximal: Proximal | None = None, single_step: bool = False,
+                        trainable: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """DP-SGD from `start` (`privacy.dp.mechanism: dp-sgd`); returns (update, mean loss).
 
     Batches are Poisson samples (`dp.batches`); Opacus computes every sample's gradient, clips
     it, sums, adds the noise and divides by the expected batch size (`DPOptimizer.pre_step`);
     the step is `sgd_step`, as without DP. The proximal pull depends on no sample, so it is added
     after the noise. `single_step` gives -lr times one noised gradient (the gradient task).
+    `trainable` holds the other parameters fixed, as in `train_model`.
     """
     objective = objective or Classification()
     module, inner = dp.module(model), dp.inner
@@ -133,6 +153,7 @@ def train_model_private(dp: ClientDP, model: nn.Module, spec: FlatSpec, start: t
     n = len(y)
     steps = 1 if single_step else dp.local_steps(n, epochs)
     optimizer = dp.optimizer(params, n, noise_seed)
+    trained = trained_parts(spec, trainable) or [None] * len(params)
     bufs: list[torch.Tensor | None] = [None] * len(params)
     pull = proximal.gradient(spec, start.dtype) if proximal is not None else None
     losses = []
@@ -156,7 +177,7 @@ def train_model_private(dp: ClientDP, model: nn.Module, spec: FlatSpec, start: t
                     return update, float(per_sample.detach().mean()) if len(idx) else 0.0
                 for i, (p, g) in enumerate(zip(params, grads, strict=True)):
                     new, bufs[i] = sgd_step(p, g, bufs[i], cfg)
-                    p.copy_(new)
+                    _apply(p, new, trained[i])
             if len(idx):
                 losses.append(per_sample.detach().mean())
     optimizer.zero_grad(set_to_none=True)
