@@ -176,7 +176,7 @@ class ClusteredAlgorithm(Algorithm):
             split = self.partition(rnd, cluster, got, diag) if got else None
             log.append(diag)
             if split is None:
-                mean = self._apply(cluster, got)
+                mean = self._apply(cluster, got, replies)
                 next_clusters.append(cluster)
                 if mean is not None and "mean_norm" not in diag:
                     top = max(float(r.update[: self.update_size].norm()) for r in got)
@@ -184,7 +184,7 @@ class ClusteredAlgorithm(Algorithm):
                     diag["max_norm"] = round(top, 6)
                 continue
             for child in self.split(rnd, cluster, split):
-                self._apply(child, [r for r in got if r.client in set(child.members)])
+                self._apply(child, [r for r in got if r.client in set(child.members)], replies)
                 next_clusters.append(child)
         self._clusters = next_clusters
         self._index_members()
@@ -193,15 +193,18 @@ class ClusteredAlgorithm(Algorithm):
             out["unplaced"] = len(self._unplaced)
         return out
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
-        """The cluster's update from its members' replies (FedAvg: example-weighted mean)."""
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
+        """The cluster's update from its members' `replies` (FedAvg: example-weighted mean);
+        `everyone` is the whole round's, for rules that borrow from other clusters."""
         return weighted_mean(replies)
 
-    def _apply(self, cluster: Cluster, replies: list[Reply]) -> torch.Tensor | None:
+    def _apply(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+               ) -> torch.Tensor | None:
         """Add the combined update of the replies to the cluster model; return it."""
         if not replies:
             return None
-        mean = self.combine(replies)
+        mean = self.combine(cluster, replies, everyone)
         cluster.params = self.step(cluster.params, mean, f"cluster {cluster.id}")
         return mean
 

@@ -21,8 +21,6 @@ Where this departs from the paper, and why:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fedflock.algorithms.base import AlgorithmContext
@@ -39,8 +37,8 @@ class FedBABU(FedAvgFineTune):
     Params = FineTuneParams
     needs_model = True
 
-    def __init__(self, params: FineTuneParams, context: AlgorithmContext, *args: Any) -> None:
-        super().__init__(params, context, *args)
+    def __init__(self, params: FineTuneParams, context: AlgorithmContext) -> None:
+        super().__init__(params, context)
         assert context.model is not None  # needs_model: refused under masking before this
         head = context.model.mask(context.model.layers()[-1:])
         self.body = (~head).to(torch.uint8)  # what a client trains during the run

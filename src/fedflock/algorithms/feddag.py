@@ -66,19 +66,21 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams
+from fedflock.algorithms.base import AlgorithmContext, Cluster
 from fedflock.algorithms.blocks import Part, blockwise_mean, examples
 from fedflock.algorithms.clustered import ClusteredAlgorithm
-from fedflock.algorithms.pacfl import PACFL
+from fedflock.algorithms.pacfl import PACFL, PACFLParams
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.clustering.hierarchical import sweep_partition
 from fedflock.similarity.fusion import fuse_by_entropy
 from fedflock.similarity.sparse import Sparsify, sparse_cosine
-from fedflock.similarity.subspaces import Angle, weighted_subspace_distance
-from fedflock.wire import Reply, Task
+from fedflock.similarity.subspaces import weighted_subspace_distance
+from fedflock.wire import Reply
 
 
-class FedDAGParams(AlgorithmParams):
+class FedDAGParams(PACFLParams):
+    """PACFL's subspace parameters (rank, angle), with FedDAG's fusion and sweep."""
+
     field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
         "data similarity": ("rank", "angle"),
         "gradient similarity": ("warmup_rounds", "sparsify", "keep"),
@@ -87,11 +89,6 @@ class FedDAGParams(AlgorithmParams):
         "late and new clients": ("neighbours",),
         "dual encoder": ("complementary",),
     }
-    rank: int = Field(3, ge=1, description="p: principal vectors each client sends per class "
-                      "(the paper: a few); more describe a class better and cost d floats each")
-    angle: Angle = Field("principal", description="principal: the smallest principal angle "
-                         "between two subspaces; elementwise: the smallest angle between two "
-                         "basis vectors")
     warmup_rounds: int = Field(2, ge=1, description="FedAvg rounds every client trains before "
                                "the clustering (the paper: 2); the last one's updates give the "
                                "gradient similarity")
@@ -139,17 +136,12 @@ class FedDAG(PACFL):
                      if handle is not None else [])
         self.secondary = handle.mask(secondary) if handle is not None and secondary else None
         self.complements: dict[int, list[int]] = {}  # cluster id -> its complementary ones
-        self._origin: dict[int, int] = {}  # this round: client -> the cluster it trained in
-        self._round: list[Reply] = []
 
     def wants_bases(self) -> bool:
         return not self.clustered and not self.bases
 
     def aggregate_train(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         if self.clustered:
-            self._origin = {r.client: self._cluster_of[r.client].id for r in replies
-                            if r.client in self._cluster_of}
-            self._round = replies
             return ClusteredAlgorithm.aggregate_train(self, rnd, replies)
         if not self.bases:
             return {"bases": len(self.collect_bases(replies))}
@@ -166,9 +158,9 @@ class FedDAG(PACFL):
 
     def _cluster_fused(self, rnd: int, replies: list[Reply]) -> dict[str, Any]:
         p = self.params
-        clients = [r.client for r in sorted(replies, key=lambda r: r.client)]
-        updates = torch.stack([r.update[: self.update_size] for r in
-                               sorted(replies, key=lambda r: r.client)])
+        replies = sorted(replies, key=lambda r: r.client)
+        clients = [r.client for r in replies]
+        updates = torch.stack([r.update[: self.update_size] for r in replies])
         gradient = sparse_cosine(updates, p.keep, p.sparsify, seed=self.context.seed)
         bases, counts = self._stacked(clients)
         data = 1 - weighted_subspace_distance(bases, counts, bases, counts, p.angle) / 90.0
@@ -215,23 +207,21 @@ class FedDAG(PACFL):
             out[k] = ranked[: self.params.complementary]
         return out
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         """Within the cluster; with a dual encoder, the secondary encoder's coordinates also
-        over the replies of the complementary clusters' clients."""
-        if self.secondary is None or not self.complements or not self._round:
-            return super().combine(replies)
-        own = self._origin.get(replies[0].client)
-        helpers = set(self.complements.get(own, [])) if own is not None else set()
-        donors = [r for r in self._round if self._origin.get(r.client) in helpers]
+        over the replies of the complementary clusters' clients (placed before this round's
+        update, so `_cluster_of` still says where each trained)."""
+        helpers = set(self.complements.get(cluster.id, []))
+        if self.secondary is None or not helpers:
+            return super().combine(cluster, replies, everyone)
+        donors = [r for r in everyone if r.client in self._cluster_of
+                  and self._cluster_of[r.client].id in helpers]
         everyone = replies + donors
         counts = examples(everyone)
         inside = torch.cat([torch.ones(len(replies)), torch.zeros(len(donors))]).double()
         return blockwise_mean(everyone, [Part(~self.secondary, counts * inside),
                                          Part(self.secondary, counts)])
-
-    def configure_train(self, rnd: int, clients: list[int]) -> list[Task]:
-        self._round = []
-        return super().configure_train(rnd, clients)
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"complements": dict(self.complements)}

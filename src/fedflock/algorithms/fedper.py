@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, Field
 
-from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams
+from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams, Cluster
 from fedflock.algorithms.blocks import Part, blockwise_mean, examples
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
@@ -94,7 +94,8 @@ class FedPer(ClusteredAlgorithm):
                                              f"client {r.client}'s head")
         return super().aggregate_train(rnd, replies)
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         """The body averaged over the replies by examples; the shared head does not move."""
         return blockwise_mean(replies, [Part(~self.head, examples(replies))])
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams
+from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams, Cluster
 from fedflock.algorithms.clustered import ClusteredAlgorithm
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.robust import coordinate_median, credit, gra, irls, multi_krum, trimmed_mean
@@ -24,7 +24,8 @@ def _stack(replies: list[Reply]) -> torch.Tensor:
 class Median(ClusteredAlgorithm):
     name = "median"
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         return coordinate_median(_stack(replies))
 
 
@@ -37,7 +38,8 @@ class TrimmedMean(ClusteredAlgorithm):
     name = "trimmed_mean"
     Params = TrimmedMeanParams
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         return trimmed_mean(_stack(replies), self.params.beta)
 
 
@@ -56,7 +58,8 @@ class Krum(ClusteredAlgorithm):
     name = "krum"
     Params = KrumParams
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         n = len(replies)
         f = int(self.params.byzantine * n)
         return multi_krum(_stack(replies), f, self.params.selected or n - f)
@@ -98,7 +101,8 @@ class IRLS(_Reporting):
     name = "irls"
     Params = IRLSParams
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         aggregate, weights = irls(_stack(replies), self.params.lam, self.params.threshold)
         self._figures.append({"clients": [r.client for r in replies],
                               "weights": [round(float(w), 4) for w in weights]})
@@ -120,7 +124,8 @@ class Credit(_Reporting):
     name = "credit"
     Params = CreditParams
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         p = self.params
         updates = _stack(replies)
         counts = torch.tensor([float(r.num_examples) for r in replies])
@@ -143,7 +148,8 @@ class GRA(_Reporting):
     name = "gra"
     Params = GRAParams
 
-    def combine(self, replies: list[Reply]) -> torch.Tensor:
+    def combine(self, cluster: Cluster, replies: list[Reply], everyone: list[Reply]
+                ) -> torch.Tensor:
         updates = _stack(replies)
         aggregate, labels = gra(updates, self.params.groups,
                                 features=updates[:, : self.update_size],
