@@ -161,9 +161,16 @@ FEDRC = SOFT | {"algorithm": {"name": "fedrc", "clusters": 2}}
 FEDSOFT = SOFT | {"algorithm": {"name": "fedsoft", "clusters": 2}}
 
 
-@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA, PACFL, FEDRC, FEDSOFT],
+# FedDAG with its dual encoder: every client's bases in round 1 (2 of 4 sampled), one warm-up
+# round of all, the fused clustering, then the secondary encoder averaged across the
+# complementary cluster too.
+FEDDAG = {"rounds": 4, "eval_every": 4, "participation.count": 2, "model.dual_encoder": True,
+          "algorithm": {"name": "feddag", "warmup_rounds": 1, "clusters": 2}}
+
+
+@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA, PACFL, FEDRC, FEDSOFT, FEDDAG],
                          ids=["cfl", "incremental-partial-attack", "ifca", "pacfl", "fedrc",
-                              "fedsoft"])
+                              "fedsoft", "feddag-dual"])
 def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
                                                                settings: dict) -> None:
     """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
@@ -192,6 +199,11 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
     if settings is IFCA:  # K models went down to every client every round and at the end
         assert summary["communication"]["down_floats"] >= 2 * summary["communication"][
             "up_floats"]
+    if settings is FEDDAG:  # the fused clustering and the complements it chose
+        ours, theirs = summary["splits"][0], embedded["splits"][0]
+        assert (ours["members"], ours["complements"]) == (theirs["members"],
+                                                          theirs["complements"])
+        assert ours["complements"] == {"1": [2], "2": [1]}
     if settings is PACFL:  # one clustering, on every client's bases
         assert [d["kind"] for d in summary["splits"]] == ["cluster"]
         assert sum(summary["splits"][0]["sizes"]) == raw["data"]["clients"]
