@@ -115,7 +115,8 @@ def assign_new_clients(run_dir: Path, clients: int, seed: int | None = None
                             f"({type(err).__name__}: {err})") from None
     trained = build_federated_data(config.data, config.seed)
     data_cfg = config.data.model_copy(update={"clients": clients})
-    fresh = build_federated_data(data_cfg, seed, shift_seed=config.seed)
+    fresh = build_federated_data(data_cfg, seed, shift_seed=config.seed,
+                                 tokenizer=run.read_tokenizer())
     runtime = ClientRuntime(fresh, config.model, config.training, config.seed, config.privacy)
     metric = runtime.objective.primary
     epochs = ALGORITHMS.get(config.algorithm.name).newcomer_finetune(

@@ -32,7 +32,7 @@ MAX_WIDTH = 65536  # a wider hidden layer is a typo, not a model this tool train
 
 BUILTIN_SCENARIOS = ("iid", "label_permutation", "label_swap", "rotation", "feature_skew",
                      "category_imbalance", "environment", "dirichlet", "shards",
-                     "quantity_skew", "natural")
+                     "quantity_skew", "natural", "topics")
 
 
 class ScenarioConfig(_Strict):
@@ -62,6 +62,16 @@ class ScenarioConfig(_Strict):
                                     description="parameters of a plugin's own scenario")
 
 
+class TextConfig(_Strict):
+    """How a text dataset becomes token sequences (ignored by image and sensor datasets)."""
+
+    vocab_size: int = Field(5000, ge=4, le=1_000_000, description="most frequent units kept "
+                            "by the tokenizer fitted on the clients' training text; rarer ones "
+                            "become [UNK]. Larger models more words and costs an output row each")
+    seq_len: int = Field(32, ge=2, le=4096, description="tokens per training sequence (the "
+                         "truncated back-propagation length); longer gives more context")
+
+
 class DataConfig(_Strict):
     dataset: str = "mnist5k"
     root: Path | None = None
@@ -69,6 +79,7 @@ class DataConfig(_Strict):
     samples_per_client: int | None = Field(None, ge=1)
     test_per_client: int | None = Field(None, ge=1)
     scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
+    text: TextConfig = Field(default_factory=TextConfig)
 
     @model_validator(mode="after")
     def _groups_fit(self) -> DataConfig:
@@ -99,6 +110,14 @@ class ModelConfig(_Strict):
     width: float = Field(1.0, gt=0, le=4, description="channel multiplier of vgg11_bn, resnet18 "
                          "and cnn1d_bn (each layer keeps at least one channel); 0.25 makes "
                          "vgg11_bn and resnet18 CPU-practical")
+    embedding: int = Field(64, ge=1, le=MAX_WIDTH, description="lstm_lm, transformer_lm: "
+                           "width of the token embedding (the Transformer's model width)")
+    layers: int = Field(2, ge=1, le=64, description="lstm_lm, transformer_lm: stacked LSTM "
+                        "layers or Transformer blocks")
+    heads: int = Field(4, ge=1, le=256, description="transformer_lm: attention heads (they "
+                       "must divide model.embedding)")
+    tied: bool = Field(False, description="lstm_lm, transformer_lm: the output layer shares "
+                       "the embedding's weights (fewer parameters to send each round)")
     dual_encoder: bool = Field(False, description="two copies of the model's feature layers "
                                "(all but its last linear layer), their features concatenated "
                                "before one classifier; FedDAG shares the second copy with "

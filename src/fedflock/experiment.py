@@ -104,6 +104,8 @@ class Run:
         if cfg.attack is not None and cfg.attack.poisons_model:
             engine.adversary = Adversary(cfg.attack, malicious, cfg.seed, engine.update_size)
         restore = self.dir.prepare(dump_config(resolved(cfg)), resume)
+        if engine.tokenizer is not None:
+            self.dir.write_tokenizer(engine.tokenizer)
         start_round, elapsed = self._restore(algorithm, engine) if restore else (0, 0.0)
         evaluation: Evaluation = {}
         t_start = time.perf_counter() - elapsed

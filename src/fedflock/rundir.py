@@ -106,6 +106,17 @@ class RunDirectory:
     def config_path(self) -> Path:
         return self.path / "config.yaml"
 
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    def write_tokenizer(self, raw: str) -> None:
+        """The run's tokenizer, so new clients' text is cut as its clients' was."""
+        write_text(self.tokenizer_path, raw)
+
+    def read_tokenizer(self) -> str | None:
+        return self.tokenizer_path.read_text() if self.tokenizer_path.is_file() else None
+
     # -- one writer at a time ------------------------------------------------------------------
     @contextmanager
     def locked(self) -> Iterator[None]:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fedflock.config import DataConfig, ScenarioConfig
+from fedflock.data import text
 from fedflock.data.datasets import Dataset, load_dataset
 from fedflock.data.spec import DataSpec
 from fedflock.errors import ConfigError
@@ -61,6 +62,7 @@ SCENARIO_DOCS = {
     "shards": "label skew: each client holds `classes_per_client` classes",
     "quantity_skew": "client sizes drawn log-normal(sigma)",
     "natural": "one client per writer or user of a dataset that has them (femnist, har)",
+    "topics": "text: group k holds the documents of topic k (agnews); `iid` mixes topics",
 }
 
 
@@ -93,6 +95,7 @@ class FederatedData:
     dataset: str
     objective: str = "classification"
     vocab_size: int | None = None
+    tokenizer: str | None = None  # text: the fitted tokenizer's JSON (saved with the run)
 
     @property
     def spec(self) -> DataSpec:
@@ -374,15 +377,54 @@ def _check_footprint(ds: Dataset, samples: int) -> None:
                           f"machine's memory ({memory / 2**30:.0f} GiB)")
 
 
-def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = None
-                         ) -> FederatedData:
+def text_federation(corpus: text.Corpus, cfg: DataConfig, seed: int,
+                    tokenizer: str | None = None) -> FederatedData:
+    """Clients of a text corpus: whole documents dealt by the scenario, split per client into
+    train and test documents, tokenised by a tokenizer fitted on every client's training
+    documents (or the `tokenizer` given: a trained run's, for new clients), cut into
+    `data.text.seq_len`-token sequences; `samples_per_client` / `test_per_client` cap the
+    sequences per client."""
+    sc = cfg.scenario
+    held, groups = text.deal_documents(corpus, cfg.clients, sc.kind, sc.groups, seed)
+    rng = np.random.default_rng([seed, 2])
+    splits = [text.split_documents(rows, rng) for rows in held]
+    if any(len(rows) < 2 for rows in held):
+        raise ConfigError(f"config: data.clients: {cfg.clients} clients leave some with fewer "
+                          f"than 2 of the {len(corpus.documents)} documents of {corpus.name}")
+    if tokenizer is None:
+        training = [corpus.documents[i] for tr, _ in splits for i in tr]
+        tokenizer = text.train_tokenizer(training, cfg.text.vocab_size, corpus.level)
+    clients = []
+    for i, (tr, te) in enumerate(splits):
+        pair_rng = np.random.default_rng([seed, 3, i])
+        x_tr, y_tr = text.sequences(text.token_stream(tokenizer, [corpus.documents[j] for j in tr]),
+                                    cfg.text.seq_len, cfg.samples_per_client, pair_rng)
+        x_te, y_te = text.sequences(text.token_stream(tokenizer, [corpus.documents[j] for j in te]),
+                                    cfg.text.seq_len, cfg.test_per_client, pair_rng)
+        if not len(x_tr) or not len(x_te):
+            raise ConfigError(f"config: data.text.seq_len: client {i}'s documents hold fewer "
+                              f"than {cfg.text.seq_len + 1} tokens on one side; shorten it")
+        clients.append(ClientData(x_tr, y_tr, x_te, y_te, train_index=tr, test_index=te))
+    vocab = text.vocabulary_size(tokenizer)
+    return FederatedData(clients, groups, vocab, (cfg.text.seq_len,), corpus.name, "next_token",
+                         vocab, tokenizer)
+
+
+def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = None,
+                         tokenizer: str | None = None) -> FederatedData:
     """Clients' train/test splits plus the hidden group of every client.
 
     `shift_seed` (default: `seed`) fixes the groups' transforms, so new clients of the same
-    groups can be drawn with another `seed` (see `fedflock assign`).
+    groups can be drawn with another `seed` (see `fedflock assign`); `tokenizer` (text only)
+    tokenises them as a trained run's clients were.
     """
     shift_seed = seed if shift_seed is None else shift_seed
     ds = load_dataset(cfg.dataset, cfg.resolved_root())
+    if isinstance(ds, text.Corpus):
+        return text_federation(ds, cfg, seed, tokenizer)
+    if cfg.scenario.kind == "topics":
+        raise ConfigError(f"config: data.scenario.kind: 'topics' deals documents of a text "
+                          f"dataset (agnews), not {cfg.dataset!r}")
     sc = cfg.scenario
     if sc.kind in SCENARIOS:  # a plugin's scenario
         return SCENARIOS.get(sc.kind)(ds, cfg, seed, shift_seed)

@@ -67,6 +67,12 @@ class Engine(ABC):
     def data_spec(self) -> DataSpec: ...
 
     @property
+    def tokenizer(self) -> str | None:
+        """The JSON of the tokenizer the clients' text was cut with (None: not text, or not
+        known to this engine); the run keeps it as `tokenizer.json`."""
+        return None
+
+    @property
     @abstractmethod
     def executor_name(self) -> str: ...
 

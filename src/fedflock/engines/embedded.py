@@ -51,6 +51,10 @@ class EmbeddedEngine(Engine):
         return self.runtime.data_spec
 
     @property
+    def tokenizer(self) -> str | None:
+        return self.runtime.data.tokenizer
+
+    @property
     def executor_name(self) -> str:
         return self.executor.name
 

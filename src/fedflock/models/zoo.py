@@ -18,8 +18,15 @@ Builder = Callable[[DataSpec, ModelConfig], nn.Module]
 MODELS: Registry[Builder] = Registry("model")
 
 
+def _float_inputs(data: DataSpec, name: str) -> None:
+    if data.integer_inputs:
+        raise ConfigError(f"model.name: {name!r} takes float inputs; the dataset gives token "
+                          "ids (use lstm_lm or transformer_lm)")
+
+
 @MODELS.register("mlp", "multi-layer perceptron, hidden sizes from model.hidden (default 100)")
 def mlp(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    _float_inputs(data, "mlp")
     layers: list[nn.Module] = [nn.Flatten()]
     width, classes = math.prod(data.input_shape), data.num_classes
     for h in cfg.hidden:
@@ -47,16 +54,19 @@ def _conv_stack(shape: tuple[int, ...], classes: int, batch_norm: bool) -> nn.Mo
 
 @MODELS.register("cnn", "small ConvNet: two 3x3 conv + max-pool blocks, linear head")
 def cnn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    _float_inputs(data, "cnn")
     return _conv_stack(data.input_shape, data.num_classes, batch_norm=False)
 
 
 @MODELS.register("cnn_bn", "the small ConvNet with BatchNorm after each conv (for DistFL)")
 def cnn_bn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    _float_inputs(data, "cnn_bn")
     return _conv_stack(data.input_shape, data.num_classes, batch_norm=True)
 
 
 @MODELS.register("cfl_cnn", "the CFL paper's 5-layer CIFAR ConvNet (3 conv + 2 dense)")
 def cfl_cnn(data: DataSpec, cfg: ModelConfig) -> nn.Module:
+    _float_inputs(data, "cfl_cnn")
     (channels, height, _), classes = data.input_shape, data.num_classes
     side = height // 8
     return nn.Sequential(

@@ -1,0 +1,120 @@
+"""Text end to end: AG News articles dealt by topic, a tokenizer fitted on training text only,
+next-token sequences, the language models, and a run that keeps its tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from fedflock.config import DataConfig, ModelConfig
+from fedflock.data import build_federated_data
+from fedflock.data.spec import DataSpec
+from fedflock.data.text import END, UNKNOWN, read_agnews
+from fedflock.errors import ConfigError, DataError
+from fedflock.experiment import run_experiment
+from fedflock.models import build_model
+from fedflock.validation import validate
+from tests.conftest import apply_dotted
+
+
+def _agnews(root: Path, **overrides: object) -> DataConfig:
+    raw = {"dataset": "agnews", "root": str(root), "clients": 8,
+           "scenario": {"kind": "topics", "groups": 4},
+           "text": {"vocab_size": 3000, "seq_len": 16}} | overrides
+    return DataConfig.model_validate(raw)
+
+
+def test_topics_deal_whole_articles_of_one_topic_and_cut_next_token_pairs(
+        shared_data: Path) -> None:
+    corpus = read_agnews(shared_data)
+    data = build_federated_data(_agnews(shared_data), seed=0)
+    assert sorted(np.bincount(data.groups)) == [2, 2, 2, 2]
+    for client, group in zip(data.clients, data.groups, strict=True):
+        assert set(corpus.topics[client.train_index]) == {group}  # its topic's articles only
+        assert set(corpus.topics[client.test_index]) == {group}
+        assert not set(client.train_index) & set(client.test_index)  # whole articles
+        assert client.x_train.dtype == torch.int64 and client.x_train.shape[1] == 16
+        assert torch.equal(client.x_train[:, 1:], client.y_train[:, :-1])  # next tokens
+        assert int(client.x_train.max()) < data.vocab_size
+    everyone = np.concatenate([c.train_index for c in data.clients]
+                              + [c.test_index for c in data.clients])
+    assert len(everyone) == len(set(everyone))  # no article held twice
+    assert data.spec.objective == "next_token" and data.spec.vocab_size == data.num_classes
+
+
+def test_the_tokenizer_knows_only_words_of_the_training_articles(shared_data: Path) -> None:
+    corpus = read_agnews(shared_data)
+    data = build_federated_data(_agnews(shared_data, text={"vocab_size": 100_000,
+                                                           "seq_len": 16}), seed=0)
+    tokenizer = Tokenizer.from_str(data.tokenizer)
+    training = {word for c in data.clients for i in c.train_index
+                for word in tokenizer.encode(corpus.documents[i]).tokens}
+    vocabulary = set(tokenizer.get_vocab()) - {UNKNOWN, END}
+    held_out = {word for c in data.clients for i in c.test_index
+                for word in tokenizer.normalizer.normalize_str(corpus.documents[i]).split()}
+    assert vocabulary <= training
+    assert held_out - vocabulary  # some test words are unknown: they were not fitted on
+    assert tokenizer.encode("qwzxv").tokens == [UNKNOWN]
+
+
+def test_iid_text_mixes_topics_in_one_group(shared_data: Path) -> None:
+    corpus = read_agnews(shared_data)
+    data = build_federated_data(_agnews(shared_data, scenario={"kind": "iid"}), seed=0)
+    assert set(data.groups) == {0}
+    assert all(len(set(corpus.topics[c.train_index])) == 4 for c in data.clients)
+
+
+def test_bad_text_settings_are_one_line_errors(shared_data: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="4 topics, not 5"):
+        build_federated_data(_agnews(shared_data, clients=10,
+                                     scenario={"kind": "topics", "groups": 5}), seed=0)
+    with pytest.raises(ConfigError, match="takes 'topics' or 'iid'"):
+        build_federated_data(_agnews(shared_data, scenario={"kind": "dirichlet"}), seed=0)
+    with pytest.raises(ConfigError, match="'topics' deals documents"):
+        build_federated_data(DataConfig(dataset="digits", scenario={"kind": "topics"}), 0)
+    with pytest.raises(DataError, match=r"test\.csv"):
+        read_agnews(tmp_path)
+
+
+def test_language_models_take_token_ids_and_image_models_refuse_them() -> None:
+    tokens = DataSpec((12,), 50, objective="next_token", vocab_size=50)
+    for name in ("lstm_lm", "transformer_lm"):
+        model = build_model(ModelConfig(name=name, embedding=16, hidden=[24]), tokens)
+        assert model(torch.randint(0, 50, (3, 12))).shape == (3, 12, 50)
+        tied = build_model(ModelConfig(name=name, embedding=16, hidden=[24], tied=True),
+                           tokens)
+        assert tied.out.weight is tied.embed.weight
+        assert sum(p.numel() for p in tied.parameters()) < sum(
+            p.numel() for p in model.parameters())
+        with pytest.raises(ConfigError, match="token-id"):
+            build_model(ModelConfig(name=name), DataSpec((1, 8, 8), 10))
+    with pytest.raises(ConfigError, match="takes float inputs"):
+        build_model(ModelConfig(name="mlp"), tokens)
+
+
+@pytest.mark.parametrize("model", ["lstm_lm", "transformer_lm"])
+def test_a_text_run_reports_perplexity_and_keeps_its_tokenizer(shared_data: Path,
+                                                               tmp_path: Path,
+                                                               model: str) -> None:
+    raw = apply_dotted({"seed": 0, "rounds": 2, "eval_every": 2}, {
+        "data": {"dataset": "agnews", "root": str(shared_data), "clients": 4,
+                 "samples_per_client": 40, "test_per_client": 20,
+                 "scenario": {"kind": "topics", "groups": 2},
+                 "text": {"vocab_size": 500, "seq_len": 16}},
+        "model": {"name": model, "embedding": 16, "hidden": [32], "tied": True},
+        "training": {"local_epochs": 2, "lr": 0.5, "batch_size": 8, "executor": "sequential"},
+        "algorithm": {"name": "fedavg"}})
+    summary = run_experiment(validate(raw), tmp_path / "run", quiet=True)
+    vocab = build_federated_data(validate(raw).data, 0).vocab_size
+    assert summary["primary_metric"] == "perplexity"
+    worst = summary["perplexity"]["worst"]
+    assert worst == max(summary["perplexity"]["per_client"])  # worst is the highest
+    assert 1 < summary["perplexity"]["mean"] < vocab  # learnt something: below uniform
+    saved = (tmp_path / "run" / "tokenizer.json").read_text()
+    assert json.loads(saved)["model"]["type"] == "WordLevel"
+    assert Tokenizer.from_str(saved).get_vocab_size() == vocab
