@@ -118,3 +118,16 @@ def test_a_text_run_reports_perplexity_and_keeps_its_tokenizer(shared_data: Path
     saved = (tmp_path / "run" / "tokenizer.json").read_text()
     assert json.loads(saved)["model"]["type"] == "WordLevel"
     assert Tokenizer.from_str(saved).get_vocab_size() == vocab
+
+
+def test_label_flipping_is_refused_on_next_token_data(shared_data: Path, tmp_path: Path) -> None:
+    raw = {"rounds": 1, "data": {"dataset": "agnews", "root": str(shared_data), "clients": 4,
+                                 "samples_per_client": 8, "test_per_client": 4,
+                                 "scenario": {"kind": "topics", "groups": 2},
+                                 "text": {"vocab_size": 200, "seq_len": 8}},
+           "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
+           "training": {"executor": "sequential"},
+           "attack": {"kind": "label_flip", "fraction": 0.25}}
+    with pytest.raises(ConfigError, match="flips class labels, which objective 'next_token'"):
+        run_experiment(validate(raw), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()

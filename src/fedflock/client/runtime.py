@@ -31,6 +31,7 @@ from fedflock.config import AttackConfig, ModelConfig, PrivacyConfig, TrainingCo
 from fedflock.data.partition import NodeData
 from fedflock.data.poisoning import check_label_map, flip_labels, malicious_clients
 from fedflock.data.scenarios import ClientData, FederatedData
+from fedflock.errors import ConfigError
 from fedflock.models import FlatSpec, ModelHandle, build_model
 from fedflock.privacy import ClientDP, PermutationMask
 from fedflock.wire import Reply, Task
@@ -71,6 +72,11 @@ class ClientRuntime:
         # before attack.start_round an attacker trains honestly (a sleeper)
         self.labels: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if attack is not None and attack.poisons_data:
+            if self.data_spec.objective != "classification":
+                raise ConfigError(f"config: attack.kind: {attack.kind!r} flips class labels, "
+                                  f"which objective {self.data_spec.objective!r} does not have "
+                                  "(its targets are the next tokens); use a model-poisoning "
+                                  "attack such as sign_flip")
             check_label_map(attack, self.data_spec.num_classes)
             for c in (c for c in self.malicious if c in self.clients):
                 client = self.clients[c]
