@@ -203,6 +203,41 @@ def test_nodes_serving_their_own_files_run_without_a_hidden_group(tmp_path: Path
     assert summary["accuracy"] == embedded["accuracy"]  # the same data, from the files
 
 
+def _text_config(root: Path) -> dict:
+    return {"seed": 0, "rounds": 2, "eval_every": 2,
+            "data": {"dataset": "agnews", "root": str(root), "clients": 4,
+                     "samples_per_client": 12, "test_per_client": 6,
+                     "scenario": {"kind": "topics", "groups": 2},
+                     "text": {"vocab_size": 200, "seq_len": 8}},
+            "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
+            "training": {"local_epochs": 1, "lr": 0.5, "batch_size": 4,
+                         "executor": "sequential"},
+            "algorithm": {"name": "fedavg"}}
+
+
+def test_text_nodes_from_the_cache_and_from_their_own_files_run_as_embedded(
+        shared_data: Path, tmp_path: Path) -> None:
+    """Next-token data on nodes: the partition cache keeps 2-D targets and the objective, and
+    a device's own token file (targets shaped as its inputs) is read as next-token data."""
+    raw = _text_config(shared_data)
+    cfg = validate(raw)
+    full = build_federated_data(cfg.data, cfg.seed)
+    node = scenario_partition(cfg.data, cfg.seed, 1, tmp_path / "cache")
+    again = scenario_partition(cfg.data, cfg.seed, 1, tmp_path / "cache")  # from the file
+    assert _same_client(again.client, full.clients[1]) and again.spec == full.spec == node.spec
+    assert again.spec.objective == "next_token" and again.client.y_train.ndim == 2
+    embedded = run_experiment(cfg, tmp_path / "embedded", quiet=True)
+    cached, _ = _flower_run(tmp_path, raw, "cached")
+    assert cached["perplexity"] == embedded["perplexity"]
+    files = {100 + c: {"data-path": str(_device_file(
+        tmp_path / f"node{c}.npz", client, vocab_size=np.array(full.vocab_size)))}
+        for c, client in enumerate(full.clients)}
+    own = load_node_files(Path(files[101]["data-path"]), 1, 4)
+    assert own.spec == full.spec
+    summary, _ = _flower_run(tmp_path, raw, "files", files)
+    assert summary["perplexity"] == embedded["perplexity"]  # the same data, from the files
+
+
 def test_node_workers_answer_for_the_clientapp_and_give_the_same_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
         ) -> None:

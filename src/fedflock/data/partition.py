@@ -77,10 +77,10 @@ def default_cache_dir() -> Path:
 
 def _code_stamp() -> str:
     """The code that draws a federation: a fedflock whose scenarios changed draws anew."""
-    from fedflock.data import datasets, scenarios
+    from fedflock.data import datasets, scenarios, text
 
     digest = hashlib.sha256()
-    for module in (scenarios, datasets):
+    for module in (scenarios, datasets, text):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -175,8 +175,10 @@ def scenario_partition(cfg: DataConfig, seed: int, partition: int,
 
 def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
     """A device's own data: an `.npz` holding `x`, `y`, `x_test`, `y_test` (inputs float or
-    integer token ids, labels integers 0..C-1), `num_classes` (optional: default the largest
-    label + 1, but every node must agree on it, so give it) and, for token ids, `vocab_size`.
+    integer token ids, labels integers 0..C-1; for token ids, labels shaped as the inputs are
+    next-token targets and the objective is `next_token`), `num_classes` (optional: default
+    the largest label + 1, or the vocabulary for next tokens, but every node must agree on it,
+    so give it) and, for token ids, `vocab_size`.
     Raises DataError with one line saying what is wrong."""
     path = Path(path)
     where = f"data-path {path}"
@@ -192,12 +194,20 @@ def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
         raise DataError(f"{where}: missing array(s) {', '.join(missing)} (it holds "
                         f"{', '.join(sorted(arrays)) or 'nothing'})")
     x, y, x_test, y_test = (arrays[n] for n in ("x", "y", "x_test", "y_test"))
+    tokens = x.dtype.kind in "iu"
+    next_token = tokens and y.ndim == 2  # targets: the next token of every position
     for name, inputs, labels in (("x/y", x, y), ("x_test/y_test", x_test, y_test)):
         if len(inputs) != len(labels) or len(labels) == 0:
             raise DataError(f"{where}: {name} hold {len(inputs)} inputs and {len(labels)} "
                             "labels (need as many, at least one)")
-        if labels.ndim != 1 or labels.dtype.kind not in "iu":
-            raise DataError(f"{where}: labels must be a 1-D integer array, not "
+        if labels.dtype.kind not in "iu":
+            raise DataError(f"{where}: labels must be integers, not {labels.dtype}")
+        if next_token and labels.shape != inputs.shape:
+            raise DataError(f"{where}: next-token targets {name} must have the inputs' shape "
+                            f"{list(inputs.shape)}, not {list(labels.shape)}")
+        if not next_token and labels.ndim != 1:
+            raise DataError(f"{where}: labels must be a 1-D integer array (or, for token "
+                            f"ids, next-token targets shaped as the inputs), not "
                             f"{labels.dtype}{list(labels.shape)}")
         if inputs.dtype.kind not in "fiu":
             raise DataError(f"{where}: inputs of type {inputs.dtype} are not numbers")
@@ -206,19 +216,21 @@ def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
                         f"{list(x_test.shape[1:])}")
     if x.dtype.kind != x_test.dtype.kind:
         raise DataError(f"{where}: x is {x.dtype}, x_test {x_test.dtype}")
+    if tokens and "vocab_size" not in arrays:
+        raise DataError(f"{where}: integer inputs (token ids) need a 'vocab_size' array")
+    vocab = int(arrays["vocab_size"]) if tokens else None
     if "num_classes" in arrays:
         classes = int(arrays["num_classes"])
+    elif next_token:
+        classes = vocab  # type: ignore[assignment]
     else:
         classes = int(max(y.max(), y_test.max())) + 1
     if min(y.min(), y_test.min()) < 0 or max(y.max(), y_test.max()) >= classes:
         raise DataError(f"{where}: labels must lie in 0..{classes - 1}")
-    tokens = x.dtype.kind in "iu"
-    if tokens and "vocab_size" not in arrays:
-        raise DataError(f"{where}: integer inputs (token ids) need a 'vocab_size' array")
-    vocab = int(arrays["vocab_size"]) if tokens else None
     if tokens and (min(x.min(), x_test.min()) < 0 or max(x.max(), x_test.max()) >= vocab):
         raise DataError(f"{where}: token ids must lie in 0..{vocab - 1}")
-    spec = DataSpec(tuple(int(s) for s in x.shape[1:]), classes, vocab_size=vocab)
+    spec = DataSpec(tuple(int(s) for s in x.shape[1:]), classes,
+                    "next_token" if next_token else "classification", vocab_size=vocab)
     to_torch = [torch.from_numpy(np.ascontiguousarray(a)) for a in (x, y, x_test, y_test)]
     inputs = [t.long() if tokens else t.float() for t in (to_torch[0], to_torch[2])]
     client = ClientData(inputs[0], to_torch[1].long(), inputs[1], to_torch[3].long())
