@@ -73,7 +73,7 @@ def test_bad_text_settings_are_one_line_errors(shared_data: Path, tmp_path: Path
     with pytest.raises(ConfigError, match="4 topics, not 5"):
         build_federated_data(_agnews(shared_data, clients=10,
                                      scenario={"kind": "topics", "groups": 5}), seed=0)
-    with pytest.raises(ConfigError, match="takes 'topics' or 'iid'"):
+    with pytest.raises(ConfigError, match=r"takes 'topics', 'natural' or 'iid'"):
         build_federated_data(_agnews(shared_data, scenario={"kind": "dirichlet"}), seed=0)
     with pytest.raises(ConfigError, match="'topics' deals documents"):
         build_federated_data(DataConfig(dataset="digits", scenario={"kind": "topics"}), 0)
@@ -131,3 +131,34 @@ def test_label_flipping_is_refused_on_next_token_data(shared_data: Path, tmp_pat
     with pytest.raises(ConfigError, match="flips class labels, which objective 'next_token'"):
         run_experiment(validate(raw), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()
+
+
+def test_shakespeare_clients_are_roles_grouped_by_play_or_by_folio_kind(
+        shared_data: Path) -> None:
+    from fedflock.data.text import FOLIO, GENRES, read_shakespeare
+
+    corpus = read_shakespeare(shared_data)
+    assert "sonnets" not in corpus.topic_names and "hamlet" in corpus.topic_names  # plays only
+    cfg = DataConfig.model_validate({"dataset": "shakespeare", "root": str(shared_data),
+                                     "clients": 12, "scenario": {"kind": "natural"},
+                                     "text": {"seq_len": 40}})
+    by_play = build_federated_data(cfg, seed=0)
+    by_kind = build_federated_data(cfg.model_copy(update={"text": cfg.text.model_copy(
+        update={"group_by": "genre"})}), seed=0)
+    plays = []
+    for client in by_play.clients:
+        rows = np.concatenate([client.train_index, client.test_index])
+        assert len(set(corpus.writers[rows])) == 1  # one role's speeches
+        assert not set(client.train_index) & set(client.test_index)
+        play = corpus.topic_names[corpus.topics[rows[0]]]
+        plays.append(play)
+    kinds = [next(GENRES.index(k) for k, ps in FOLIO.items() if play in ps) for play in plays]
+    assert np.array_equal(by_kind.groups, np.unique(kinds, return_inverse=True)[1])
+    # the hidden group is the play: two clients share a group exactly when they share a play
+    same_play = np.equal.outer(np.array(plays), np.array(plays))
+    assert np.array_equal(same_play, np.equal.outer(by_play.groups, by_play.groups))
+    vocabulary = Tokenizer.from_str(by_play.tokenizer).get_vocab()
+    assert {" ", "\n", "a", "Z"} <= set(vocabulary) and len(vocabulary) < 120  # characters
+    assert by_play.input_shape == (40,)
+    with pytest.raises(ConfigError, match="'natural' needs documents with writers"):
+        build_federated_data(_agnews(shared_data, scenario={"kind": "natural"}), seed=0)

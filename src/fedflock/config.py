@@ -70,6 +70,10 @@ class TextConfig(_Strict):
                             "become [UNK]. Larger models more words and costs an output row each")
     seq_len: int = Field(32, ge=2, le=4096, description="tokens per training sequence (the "
                          "truncated back-propagation length); longer gives more context")
+    group_by: Literal["play", "genre"] = Field("play", description="shakespeare with "
+                                               "`natural`: the hidden group a role's "
+                                               "clustering is scored against, its play or its "
+                                               "play's Folio kind (comedy, history, tragedy)")
 
 
 class DataConfig(_Strict):

@@ -385,7 +385,8 @@ def text_federation(corpus: text.Corpus, cfg: DataConfig, seed: int,
     `data.text.seq_len`-token sequences; `samples_per_client` / `test_per_client` cap the
     sequences per client."""
     sc = cfg.scenario
-    held, groups = text.deal_documents(corpus, cfg.clients, sc.kind, sc.groups, seed)
+    held, groups = text.deal_documents(corpus, cfg.clients, sc.kind, sc.groups, seed,
+                                       coarse=cfg.text.group_by == "genre")
     rng = np.random.default_rng([seed, 2])
     splits = [text.split_documents(rows, rng) for rows in held]
     if any(len(rows) < 2 for rows in held):
