@@ -115,6 +115,14 @@ def test_a_text_run_reports_perplexity_and_keeps_its_tokenizer(shared_data: Path
     worst = summary["perplexity"]["worst"]
     assert worst == max(summary["perplexity"]["per_client"])  # worst is the highest
     assert 1 < summary["perplexity"]["mean"] < vocab  # learnt something: below uniform
+    accuracy = summary["accuracy"]  # next-token accuracy beside it, its worst the lowest
+    assert accuracy["worst"] == min(accuracy["per_client"]) and 0 < accuracy["mean"] < 1
+    from fedflock.report import make_report
+
+    make_report(tmp_path / "run")
+    report = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "| perplexity | worst |" in report  # the headline metric, not accuracy
+    assert (tmp_path / "run" / "report" / "accuracy.png").stat().st_size > 0
     saved = (tmp_path / "run" / "tokenizer.json").read_text()
     assert json.loads(saved)["model"]["type"] == "WordLevel"
     assert Tokenizer.from_str(saved).get_vocab_size() == vocab

@@ -49,12 +49,15 @@ def round_record(evaluation: Evaluation, objective: Objective) -> dict[str, Any]
     return record
 
 
-def metric_summary(evaluation: Evaluation, objective: Objective, num_clients: int
-                   ) -> dict[str, Any]:
-    values = primary_values(evaluation, objective)
+def metric_summary(evaluation: Evaluation, objective: Objective, num_clients: int,
+                   metric: str | None = None) -> dict[str, Any]:
+    """{mean, worst, per_client} of the primary metric (or `metric`, a secondary one);
+    worst follows the metric's direction (the highest perplexity, the lowest accuracy)."""
+    name = metric or objective.primary
+    values = [evaluation[c][name] for c in sorted(evaluation)]
     return {"mean": round(float(np.mean(values)), 6),
-            "worst": round(float(objective.worst(values)), 6),
-            "per_client": [round(evaluation[c][objective.primary], 6) if c in evaluation
+            "worst": round(float(objective.worst(values, name)), 6),
+            "per_client": [round(evaluation[c][name], 6) if c in evaluation
                            else None for c in range(num_clients)]}
 
 
@@ -81,6 +84,8 @@ def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
         "objective": objective.name,
         "primary_metric": objective.primary,
         objective.primary: metric_summary(evaluation, objective, engine.num_clients),
+        **{m: metric_summary(evaluation, objective, engine.num_clients, m)
+           for m in objective.secondary},
         "splits": [d.as_dict() for d in algorithm.decisions],
         "thresholds": algorithm.thresholds(),
         "tree": algorithm.tree(),

@@ -23,6 +23,8 @@ class Objective(ABC):
     primary: ClassVar[str]
     higher_is_better: ClassVar[bool]
     metrics: ClassVar[tuple[str, ...]]
+    # Metrics the summary reports beside the primary one, each with its direction.
+    secondary: ClassVar[dict[str, bool]] = {}
 
     @abstractmethod
     def losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -45,8 +47,10 @@ class Objective(ABC):
     def summarise(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
         """A client's metrics from the per-sample sums of its held-out samples."""
 
-    def worst(self, values: list[float]) -> float:
-        return min(values) if self.higher_is_better else max(values)
+    def worst(self, values: list[float], metric: str | None = None) -> float:
+        higher = self.higher_is_better if metric in (None, self.primary) else \
+            self.secondary[metric]
+        return min(values) if higher else max(values)
 
 
 OBJECTIVES: Registry[type[Objective]] = Registry("objective")
@@ -88,6 +92,7 @@ class NextToken(Objective):
     primary = "perplexity"
     higher_is_better = False
     metrics = ("perplexity", "loss", "accuracy")
+    secondary: ClassVar[dict[str, bool]] = {"accuracy": True}  # as LEAF reports it
 
     def _token_losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs.flatten(0, -2), targets.flatten(),

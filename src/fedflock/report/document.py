@@ -27,7 +27,8 @@ from fedflock.report.load import (
 Figure = tuple[Path, str, str]  # file, heading, caption
 
 CAPTIONS = {
-    "accuracy": "Test accuracy per round: mean over clients (solid) and the worst client "
+    "accuracy": "The headline metric per round (test accuracy, or perplexity for next-token "
+                "tasks, on a log axis): mean over clients (solid) and the worst client "
                 "(dashed); dotted vertical lines mark rounds in which a cluster split.",
     "norms": "Split diagnostics per cluster: norm of the cluster's averaged update (solid) and "
              "the largest single-client update norm (dashed); CFL's eps rule splits a cluster "
@@ -43,7 +44,8 @@ CAPTIONS = {
                    "the groups gives each group one dark column.",
     "tree": "The cluster tree: every split of a cluster into its children; leaves are the final "
             "clusters, coloured by their majority true group with its share (purity).",
-    "compare": "Test accuracy per round for each algorithm: the line is the mean over seeds, "
+    "compare": "The headline metric (test accuracy, or perplexity for next-token tasks) per "
+               "round for each algorithm: the line is the mean over seeds, "
                "the band spans the minimum to the maximum over seeds; left the mean over "
                "clients, right the worst client.",
 }
@@ -80,8 +82,8 @@ def run_figures(run: RunData, out: Path, prefix: str = "", accuracy: bool = True
             made.append((written, heading, caption))
 
     if accuracy:
-        add(lambda p: plots.plot_run_accuracy(run, p), "accuracy", "Accuracy",
-            CAPTIONS["accuracy"])
+        add(lambda p: plots.plot_run_accuracy(run, p), "accuracy",
+            plots.metric_view(run).name.capitalize(), CAPTIONS["accuracy"])
     add(lambda p: plots.plot_norms(run, p), "norms", "Split diagnostics", CAPTIONS["norms"])
     for i, matrix in enumerate(run.matrices):
         d = matrix.decision
@@ -107,20 +109,29 @@ def _pct(value: Any) -> str:
     return f"{100 * number:.1f}" if number is not None else "–"
 
 
+def _value(value: Any, view: plots.MetricView) -> str:
+    return _pct(value) if view.bounded else plots.fmt_number(value, 2)
+
+
 def summary_table(run: RunData) -> str:
     s = run.summary
+    view = plots.metric_view(run)
+    unit = " %" if view.bounded else ""
     if not s:
         last = run.metrics[-1] if run.metrics else {}
         stale = last.get("evaluated_round")  # nobody answered this round's evaluation
         source = f" (figures of round {stale}, the last evaluated)" if stale is not None else ""
         return ("summary.json is not written yet (run unfinished?); last logged round "
-                f"{last.get('round', '–')}{source}: accuracy {_pct(last.get('accuracy_mean'))} %, "
-                f"worst {_pct(last.get('accuracy_worst'))} %, "
+                f"{last.get('round', '–')}{source}: {view.name} "
+                f"{_value(last.get(f'{view.name}_mean'), view)}{unit}, "
+                f"worst {_value(last.get(f'{view.name}_worst'), view)}{unit}, "
                 f"{last.get('num_clusters', '–')} clusters.\n")
-    acc = s.get("accuracy") or {}
+    acc = s.get(view.name) or {}
     return _table(
-        ["accuracy %", "worst %", "clusters", "ARI", "rounds", "clients", "wall seconds"],
-        [[_pct(acc.get("mean")), _pct(acc.get("worst")), str(s.get("num_clusters", "–")),
+        [f"{view.name}{unit}", f"worst{unit}", "clusters", "ARI", "rounds", "clients",
+         "wall seconds"],
+        [[_value(acc.get("mean"), view), _value(acc.get("worst"), view),
+          str(s.get("num_clusters", "–")),
           plots.fmt_number(s.get("ari")), str(s.get("rounds", "–")), str(s.get("num_clients", "–")),
           plots.fmt_number(s.get("wall_seconds"), 1)]])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from matplotlib.colors import ListedColormap, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import ScalarFormatter
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
 from fedflock.errors import FedflockError
@@ -81,21 +83,59 @@ def _integer_rounds(ax: Axes) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
 
 
-# -- accuracy ------------------------------------------------------------------------------
-def accuracy_series(run: RunData, key: str = "accuracy_mean") -> dict[int, float]:
-    """Round -> accuracy in %, skipping rounds that were not evaluated, lack the field or
-    repeat an earlier round's figures (`evaluated_round`: nobody answered that round)."""
+# -- the headline metric per round --------------------------------------------------------
+@dataclass(frozen=True)
+class MetricView:
+    """How the report draws a run's primary metric (summary.json `primary_metric`)."""
+
+    name: str
+    axis: str
+    scale: float  # accuracy is drawn in %
+    bounded: bool  # a 0-100 axis
+
+    @property
+    def title(self) -> str:
+        return f"test {self.name}"
+
+
+def metric_view(run: RunData) -> MetricView:
+    name = run.summary.get("primary_metric") or next(
+        (k.removesuffix("_mean") for rec in run.metrics for k in rec
+         if k in ("accuracy_mean", "perplexity_mean")), "accuracy")
+    if name == "accuracy":
+        return MetricView("accuracy", "test accuracy (%)", 100.0, True)
+    return MetricView(name, f"test {name}", 1.0, False)
+
+
+def _metric_axis(ax: Axes, view: MetricView) -> None:
+    """0-100 for accuracy; a log axis in plain numbers for perplexity (it falls by factors)."""
+    if view.bounded:
+        ax.set_ylim(0, 100)
+        return
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(ScalarFormatter())
+
+
+def accuracy_series(run: RunData, key: str = "accuracy_mean", scale: float = 100.0
+                    ) -> dict[int, float]:
+    """Round -> the metric `key` (accuracy in %), skipping rounds that were not evaluated,
+    lack the field or repeat an earlier round's figures (`evaluated_round`: nobody answered
+    that round)."""
     out = {}
     for rec in run.metrics:
         value = None if "evaluated_round" in rec else finite(rec.get(key))
         if value is not None:
-            out[int(rec["round"])] = 100.0 * value
+            out[int(rec["round"])] = scale * value
     return out
 
 
 def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
-    """Mean and worst client test accuracy per round, split rounds marked."""
-    mean, worst = accuracy_series(run), accuracy_series(run, "accuracy_worst")
+    """Mean and worst client of the run's primary metric per round (accuracy, perplexity),
+    split rounds marked."""
+    view = metric_view(run)
+    mean = accuracy_series(run, f"{view.name}_mean", view.scale)
+    worst = accuracy_series(run, f"{view.name}_worst", view.scale)
     if not mean:
         return None
     with _style():
@@ -110,17 +150,17 @@ def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
         split = _mark_splits(ax, run.split_rounds)
         if split is not None:
             handles.append(split)
-        ax.set(xlabel="communication round", ylabel="test accuracy (%)",
-               title=f"Client test accuracy: {run.title()}")
-        ax.set_ylim(0, 100)
+        ax.set(xlabel="communication round", ylabel=view.axis,
+               title=f"Client {view.title}: {run.title()}")
+        _metric_axis(ax, view)
         _integer_rounds(ax)
         ax.legend(handles=handles, loc="best", frameon=False)
         return _save(fig, path)
 
 
-def _seed_band(runs: list[RunData], key: str) -> tuple[np.ndarray, ...] | None:
+def _seed_band(runs: list[RunData], key: str, scale: float) -> tuple[np.ndarray, ...] | None:
     """Rounds, and mean/min/max over seeds of `key` (each round over the seeds that have it)."""
-    series = [accuracy_series(r, key) for r in runs]
+    series = [accuracy_series(r, key, scale) for r in runs]
     rounds = sorted({rnd for s in series for rnd in s})
     if not rounds:
         return None
@@ -131,8 +171,11 @@ def _seed_band(runs: list[RunData], key: str) -> tuple[np.ndarray, ...] | None:
 
 def plot_compare_accuracy(data: CompareData, path: Path) -> Path | None:
     """Per algorithm: mean over seeds (line) and min-max over seeds (band); mean and worst."""
-    panels = [("accuracy_mean", "mean client accuracy"), ("accuracy_worst", "worst client")]
-    bands = {key: {a: _seed_band(runs, key) for a, runs in data.runs.items()} for key, _ in panels}
+    view = metric_view(next(iter(data.runs.values()))[0])
+    panels = [(f"{view.name}_mean", f"mean client {view.name}"),
+              (f"{view.name}_worst", "worst client")]
+    bands = {key: {a: _seed_band(runs, key, view.scale) for a, runs in data.runs.items()}
+             for key, _ in panels}
     panels = [(k, t) for k, t in panels if any(b is not None for b in bands[k].values())]
     if not panels:
         return None
@@ -149,13 +192,14 @@ def plot_compare_accuracy(data: CompareData, path: Path) -> Path | None:
                 if n_seeds > 1:
                     ax.fill_between(rounds, low, high, color=colour(i), alpha=0.18, linewidth=0)
             ax.set(xlabel="communication round", title=title)
-            ax.set_ylim(0, 100)
+            _metric_axis(ax, view)
             _integer_rounds(ax)
-        axes[0].set_ylabel("test accuracy (%)")
+        axes[0].set_ylabel(view.axis)
         axes[0].legend(loc="best", frameon=False)
         seeds = ", ".join(map(str, data.seeds))
         spread = "line: mean, band: min-max over seeds" if n_seeds > 1 else "one seed"
-        fig.suptitle(f"Test accuracy per round (seeds {seeds}; {spread})", fontsize=11)
+        fig.suptitle(f"{view.title.capitalize()} per round (seeds {seeds}; {spread})",
+                     fontsize=11)
         return _save(fig, path)
 
 
