@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/python -m benchmarks.reproduce render --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .docs-check
 	rm -rf .docs-check
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest --durations=15
 
 # The documentation site into site/ (strict: a broken link or a missing page fails), after
 # checking that every published table is the rendering of its committed rows.

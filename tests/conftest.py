@@ -32,17 +32,6 @@ def shared_data() -> Path:
     return root
 
 
-# Tests that start Flower processes run one after another on one worker under `pytest -n`:
-# `test_flower.py` checks that no Flower process at all is left when a run ends.
-SERIAL_FILES = {"test_flower.py", "test_node_data.py", "test_processes.py"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in SERIAL_FILES:
-            item.add_marker(pytest.mark.xdist_group("flower-processes"))
-
-
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
                     ) -> None:

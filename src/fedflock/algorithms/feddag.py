@@ -66,21 +66,19 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedflock.algorithms.base import AlgorithmContext, Cluster
+from fedflock.algorithms.base import AlgorithmContext, AlgorithmParams, Cluster
 from fedflock.algorithms.blocks import Part, blockwise_mean, examples
 from fedflock.algorithms.clustered import ClusteredAlgorithm
-from fedflock.algorithms.pacfl import PACFL, PACFLParams
+from fedflock.algorithms.pacfl import PACFL
 from fedflock.algorithms.registry import ALGORITHMS
 from fedflock.clustering.hierarchical import sweep_partition
 from fedflock.similarity.fusion import fuse_by_entropy
 from fedflock.similarity.sparse import Sparsify, sparse_cosine
-from fedflock.similarity.subspaces import weighted_subspace_distance
+from fedflock.similarity.subspaces import Angle, weighted_subspace_distance
 from fedflock.wire import Reply
 
 
-class FedDAGParams(PACFLParams):
-    """PACFL's subspace parameters (rank, angle), with FedDAG's fusion and sweep."""
-
+class FedDAGParams(AlgorithmParams):
     field_groups: ClassVar[dict[str, tuple[str, ...]]] = {
         "data similarity": ("rank", "angle"),
         "gradient similarity": ("warmup_rounds", "sparsify", "keep"),
@@ -89,6 +87,11 @@ class FedDAGParams(PACFLParams):
         "late and new clients": ("neighbours",),
         "dual encoder": ("complementary",),
     }
+    rank: int = Field(3, ge=1, description="p: principal vectors each client sends per class "
+                      "(the paper: a few); more describe a class better and cost d floats each")
+    angle: Angle = Field("principal", description="principal: the smallest principal angle "
+                         "between two subspaces; elementwise: the smallest angle between two "
+                         "basis vectors")
     warmup_rounds: int = Field(2, ge=1, description="FedAvg rounds every client trains before "
                                "the clustering (the paper: 2); the last one's updates give the "
                                "gradient similarity")

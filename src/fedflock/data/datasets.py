@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,9 +34,6 @@ import torch
 from fedflock.errors import DataError
 from fedflock.fileio import atomic_open
 from fedflock.registry import Registry
-
-if TYPE_CHECKING:
-    from fedflock.data.text import Corpus
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
 
-Reader = Callable[[Path | None], "Dataset | Corpus"]  # text corpora: fedflock.data.text
+Reader = Callable[[Path | None], Any]  # a Dataset, or a text Corpus (fedflock.data.text)
 DATASETS: Registry[Reader] = Registry("dataset")
 
 _HOW_TO_GET = ("set data.root or FEDFLOCK_DATA to the folder holding the files "
@@ -555,5 +552,6 @@ def load_har(root: Path | None) -> Dataset:
                    writers_train=t["wtr"], writers_test=t["wte"])
 
 
-def load_dataset(name: str, root: Path | None) -> Dataset | Corpus:
+def load_dataset(name: str, root: Path | None) -> Any:
+    """A `Dataset`, or for a text dataset a `fedflock.data.text.Corpus`."""
     return DATASETS.get(name)(root)
