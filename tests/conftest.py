@@ -81,6 +81,21 @@ def small_config(**overrides: object) -> dict:
     return apply_dotted(raw, overrides)
 
 
+def tiny_text_config(root: Path, algorithm: str = "fedavg", **algorithm_params: object
+                     ) -> dict:
+    """Two rounds of a tiny next-token federation on AG News: 4 clients of 2 topics, 12
+    sequences of 8 tokens each, a one-layer LSTM of width 8."""
+    return {"seed": 0, "rounds": 2, "eval_every": 2,
+            "data": {"dataset": "agnews", "root": str(root), "clients": 4,
+                     "samples_per_client": 12, "test_per_client": 6,
+                     "scenario": {"kind": "topics", "groups": 2},
+                     "text": {"vocab_size": 200, "seq_len": 8}},
+            "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
+            "training": {"local_epochs": 1, "lr": 0.5, "batch_size": 4,
+                         "executor": "sequential"},
+            "algorithm": {"name": algorithm, **algorithm_params}}
+
+
 def apply_dotted(raw: dict, overrides: dict) -> dict:
     """Set `a.b.c`-keyed values in a nested config mapping (sections created as needed)."""
     for key, value in overrides.items():

@@ -31,7 +31,7 @@ from fedflock.engines.flower.worker import workers_folder
 from fedflock.errors import DataError
 from fedflock.experiment import Run, run_experiment, without_timings
 from fedflock.validation import validate
-from tests.conftest import small_config
+from tests.conftest import small_config, tiny_text_config
 from tests.inprocess_grid import InProcessGrid
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
@@ -203,23 +203,11 @@ def test_nodes_serving_their_own_files_run_without_a_hidden_group(tmp_path: Path
     assert summary["accuracy"] == embedded["accuracy"]  # the same data, from the files
 
 
-def _text_config(root: Path) -> dict:
-    return {"seed": 0, "rounds": 2, "eval_every": 2,
-            "data": {"dataset": "agnews", "root": str(root), "clients": 4,
-                     "samples_per_client": 12, "test_per_client": 6,
-                     "scenario": {"kind": "topics", "groups": 2},
-                     "text": {"vocab_size": 200, "seq_len": 8}},
-            "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
-            "training": {"local_epochs": 1, "lr": 0.5, "batch_size": 4,
-                         "executor": "sequential"},
-            "algorithm": {"name": "fedavg"}}
-
-
 def test_text_nodes_from_the_cache_and_from_their_own_files_run_as_embedded(
         shared_data: Path, tmp_path: Path) -> None:
     """Next-token data on nodes: the partition cache keeps 2-D targets and the objective, and
     a device's own token file (targets shaped as its inputs) is read as next-token data."""
-    raw = _text_config(shared_data)
+    raw = tiny_text_config(shared_data)
     cfg = validate(raw)
     full = build_federated_data(cfg.data, cfg.seed)
     node = scenario_partition(cfg.data, cfg.seed, 1, tmp_path / "cache")

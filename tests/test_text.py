@@ -19,7 +19,7 @@ from fedflock.errors import ConfigError, DataError
 from fedflock.experiment import run_experiment
 from fedflock.models import build_model
 from fedflock.validation import validate
-from tests.conftest import apply_dotted
+from tests.conftest import apply_dotted, tiny_text_config
 
 
 def _agnews(root: Path, **overrides: object) -> DataConfig:
@@ -52,13 +52,17 @@ def test_the_tokenizer_knows_only_words_of_the_training_articles(shared_data: Pa
     data = build_federated_data(_agnews(shared_data, text={"vocab_size": 100_000,
                                                            "seq_len": 16}), seed=0)
     tokenizer = Tokenizer.from_str(data.tokenizer)
-    training = {word for c in data.clients for i in c.train_index
-                for word in tokenizer.encode(corpus.documents[i]).tokens}
+
+    def words(rows: np.ndarray) -> set[str]:  # as the tokenizer cuts them, unknown or not
+        return {word for i in rows for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(
+            tokenizer.normalizer.normalize_str(corpus.documents[i]))}
+
+    training = set().union(*(words(c.train_index) for c in data.clients))
+    held_out = set().union(*(words(c.test_index) for c in data.clients))
     vocabulary = set(tokenizer.get_vocab()) - {UNKNOWN, END}
-    held_out = {word for c in data.clients for i in c.test_index
-                for word in tokenizer.normalizer.normalize_str(corpus.documents[i]).split()}
-    assert vocabulary <= training
-    assert held_out - vocabulary  # some test words are unknown: they were not fitted on
+    assert vocabulary == training  # every training word (the cap is above their number)
+    assert held_out - training  # so words seen only in test articles are unknown
+    assert not (held_out - training) & vocabulary
     assert tokenizer.encode("qwzxv").tokens == [UNKNOWN]
 
 
@@ -129,13 +133,8 @@ def test_a_text_run_reports_perplexity_and_keeps_its_tokenizer(shared_data: Path
 
 
 def test_label_flipping_is_refused_on_next_token_data(shared_data: Path, tmp_path: Path) -> None:
-    raw = {"rounds": 1, "data": {"dataset": "agnews", "root": str(shared_data), "clients": 4,
-                                 "samples_per_client": 8, "test_per_client": 4,
-                                 "scenario": {"kind": "topics", "groups": 2},
-                                 "text": {"vocab_size": 200, "seq_len": 8}},
-           "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
-           "training": {"executor": "sequential"},
-           "attack": {"kind": "label_flip", "fraction": 0.25}}
+    raw = tiny_text_config(shared_data) | {"attack": {"kind": "label_flip",
+                                                      "fraction": 0.25}}
     with pytest.raises(ConfigError, match="flips class labels, which objective 'next_token'"):
         run_experiment(validate(raw), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()

@@ -12,6 +12,7 @@ from fedflock.algorithms import ALGORITHMS
 from fedflock.errors import ConfigError
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
+from tests.conftest import tiny_text_config
 
 # What a method needs to run at this size (two clusters for the K-model methods).
 SETTINGS = {"ifca": {"clusters": 2}, "fedsoft": {"clusters": 2}, "fedem": {"clusters": 2},
@@ -19,22 +20,10 @@ SETTINGS = {"ifca": {"clusters": 2}, "fedsoft": {"clusters": 2}, "fedem": {"clus
 REFUSES = {"pacfl": "class", "feddag": "class", "fedrc": "label marginal", "distfl": "BatchNorm"}
 
 
-def _config(root: Path, name: str) -> dict:
-    return {"seed": 0, "rounds": 2, "eval_every": 2,
-            "data": {"dataset": "agnews", "root": str(root), "clients": 4,
-                     "samples_per_client": 12, "test_per_client": 6,
-                     "scenario": {"kind": "topics", "groups": 2},
-                     "text": {"vocab_size": 200, "seq_len": 8}},
-            "model": {"name": "lstm_lm", "embedding": 8, "hidden": [8], "layers": 1},
-            "training": {"local_epochs": 1, "lr": 0.5, "batch_size": 4,
-                         "executor": "sequential"},
-            "algorithm": {"name": name, **SETTINGS.get(name, {})}}
-
-
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_runs_on_next_token_data_or_refuses_in_one_line(
         shared_data: Path, tmp_path: Path, name: str) -> None:
-    config = validate(_config(shared_data, name))
+    config = validate(tiny_text_config(shared_data, name, **SETTINGS.get(name, {})))
     if name in REFUSES:
         with pytest.raises(ConfigError) as refused:
             run_experiment(config, tmp_path / name, quiet=True)

@@ -387,26 +387,31 @@ def text_federation(corpus: text.Corpus, cfg: DataConfig, seed: int,
     sc = cfg.scenario
     held, groups = text.deal_documents(corpus, cfg.clients, sc.kind, sc.groups, seed,
                                        coarse=cfg.text.group_by == "genre")
-    rng = np.random.default_rng([seed, 2])
-    splits = [text.split_documents(rows, rng) for rows in held]
     if any(len(rows) < 2 for rows in held):
         raise ConfigError(f"config: data.clients: {cfg.clients} clients leave some with fewer "
                           f"than 2 of the {len(corpus.documents)} documents of {corpus.name}")
+    rng = np.random.default_rng([seed, 2])
+    splits = [text.split_documents(rows, rng) for rows in held]
     if tokenizer is None:
         training = [corpus.documents[i] for tr, _ in splits for i in tr]
         tokenizer = text.train_tokenizer(training, cfg.text.vocab_size, corpus.level)
+    fitted = text.load_tokenizer(tokenizer)  # parsed once for every client
+
+    def cut(rows: np.ndarray, limit: int | None, rng: np.random.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = text.token_stream(fitted, [corpus.documents[j] for j in rows])
+        return text.sequences(stream, cfg.text.seq_len, limit, rng)
+
     clients = []
     for i, (tr, te) in enumerate(splits):
         pair_rng = np.random.default_rng([seed, 3, i])
-        x_tr, y_tr = text.sequences(text.token_stream(tokenizer, [corpus.documents[j] for j in tr]),
-                                    cfg.text.seq_len, cfg.samples_per_client, pair_rng)
-        x_te, y_te = text.sequences(text.token_stream(tokenizer, [corpus.documents[j] for j in te]),
-                                    cfg.text.seq_len, cfg.test_per_client, pair_rng)
+        x_tr, y_tr = cut(tr, cfg.samples_per_client, pair_rng)
+        x_te, y_te = cut(te, cfg.test_per_client, pair_rng)
         if not len(x_tr) or not len(x_te):
             raise ConfigError(f"config: data.text.seq_len: client {i}'s documents hold fewer "
                               f"than {cfg.text.seq_len + 1} tokens on one side; shorten it")
         clients.append(ClientData(x_tr, y_tr, x_te, y_te, train_index=tr, test_index=te))
-    vocab = text.vocabulary_size(tokenizer)
+    vocab = fitted.get_vocab_size()
     return FederatedData(clients, groups, vocab, (cfg.text.seq_len,), corpus.name, "next_token",
                          vocab, tokenizer)
 

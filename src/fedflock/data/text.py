@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ import torch
 from fedflock.data.datasets import DATASETS
 from fedflock.errors import ConfigError, DataError
 from fedflock.fileio import atomic_open
+
+if TYPE_CHECKING:  # imported when a text federation is built, not with the package
+    from tokenizers import Tokenizer
 
 Level = Literal["word", "char"]
 UNKNOWN, END = "[UNK]", "[EOD]"
@@ -46,10 +49,8 @@ class Corpus:
     topics: np.ndarray  # (N,) int64, 0..len(topic_names) - 1
     topic_names: tuple[str, ...]
     level: Level  # the tokenizer's unit
-    source: Path  # the file or folder read
     writers: np.ndarray | None = None  # (N,) int64: who wrote (spoke) each document
     coarse: np.ndarray | None = None  # (len(topic_names),) a coarser group of each topic
-    coarse_names: tuple[str, ...] = ()
 
 
 @DATASETS.register("agnews", "AG News articles of 4 topics, word-level next-token prediction "
@@ -80,7 +81,7 @@ def read_agnews(root: Path | None) -> Corpus:
     if not documents:
         raise DataError(f"{path}: no article")
     return Corpus("agnews", tuple(documents), np.array(topics, dtype=np.int64),
-                  ("World", "Sports", "Business", "Sci/Tech"), "word", path)
+                  ("World", "Sports", "Business", "Sci/Tech"), "word")
 
 
 # The First Folio's three kinds (1623). Pericles is not in the Folio: a late romance, counted
@@ -151,8 +152,8 @@ def read_shakespeare(root: Path | None) -> Corpus:
     if not documents:
         raise DataError(f"{folder}: no play with speeches (*_gut.txt)")
     return Corpus("shakespeare", tuple(documents), np.array(topics, dtype=np.int64),
-                  tuple(plays), "char", folder, np.array(writers, dtype=np.int64),
-                  np.array(coarse, dtype=np.int64), GENRES)
+                  tuple(plays), "char", np.array(writers, dtype=np.int64),
+                  np.array(coarse, dtype=np.int64))
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, level: Level) -> str:
@@ -185,21 +186,18 @@ def train_tokenizer(texts: list[str], vocab_size: int, level: Level) -> str:
     return raw
 
 
-def token_stream(tokenizer_json: str, documents: list[str]) -> np.ndarray:
-    """The documents' token ids, each document followed by the end-of-document token."""
+def load_tokenizer(tokenizer_json: str) -> Tokenizer:
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_str(tokenizer_json)
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def token_stream(tokenizer: Tokenizer, documents: list[str]) -> np.ndarray:
+    """The documents' token ids, each document followed by the end-of-document token."""
     end = tokenizer.token_to_id(END)
     parts = [np.append(np.asarray(e.ids, dtype=np.int64), end)
              for e in tokenizer.encode_batch(documents)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def vocabulary_size(tokenizer_json: str) -> int:
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(tokenizer_json).get_vocab_size()
 
 
 def sequences(stream: np.ndarray, length: int, limit: int | None, rng: np.random.Generator
