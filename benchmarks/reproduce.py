@@ -111,6 +111,15 @@ def federation_shape(config: str, shift: str, data: tuple[str, ...] = (),
                 *data, f"algorithm={{name: {name}, clusters: 4}}")) for name in GIVEN_K))
 
 
+TEXT_COLUMNS = ("perplexity", "perplexity_best", "perplexity_worst", "next_token_accuracy",
+                "clusters", "ari")
+TOPICS = "agnews, 4 topics"
+# Seconds per round, one seed, 3 rounds of FedAvg: each dataset with each model at its table's
+# scale (the Transformer as wide as the LSTM, 2 heads).
+TEXT_MODELS = (("lstm_lm", ()), ("transformer_lm", ("model.name=transformer_lm",
+                                                    "model.heads=2")))
+
+
 def fractions(kind: str, shares: tuple[float, ...]) -> list[tuple[str, str]]:
     return [(f"{kind}-{share:.0%}", f"attack.fraction={share}") for share in shares]
 
@@ -298,6 +307,27 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
                    overrides=(f"privacy.dp={{mechanism: client, epsilon: {e}, clip: 1.0}}",))
         for e in (30, 8, 1)), columns=DP_COLUMNS, threads=1),
     GridTable("scenario-grid", "results/scenario-grid.md"),
+    ConfigTable("text-agnews", "results/text.md", (
+        Experiment("agnews_topics.yaml", ("fedavg", "cfl", "oracle", "incremental"),
+                   label=TOPICS),
+        *(Experiment("agnews_topics.yaml", ("ifca",), label=f"{TOPICS}, K=4, {init}",
+                     overrides=(f"algorithm={{name: ifca, clusters: 4, init: {init}}}",))
+          for init in ("random", "clients")),
+    ), columns=TEXT_COLUMNS, against=((TOPICS, "fedavg"), (TOPICS, "oracle")), threads=1),
+    ConfigTable("text-agnews-iid", "results/text.md", (
+        Experiment("agnews_topics.yaml", ("fedavg", "cfl"), label="agnews, IID",
+                   overrides=("data.scenario={kind: iid, groups: 1}",)),
+    ), columns=TEXT_COLUMNS[:5], threads=1),
+    ConfigTable("text-shakespeare", "results/text.md", (
+        Experiment("shakespeare_roles.yaml",
+                   ("fedavg", "fedavg_ft", "local", "cfl", "incremental")),
+    ), columns=(*TEXT_COLUMNS, "nmi"), threads=1),
+    ConfigTable("text-seconds", "results/text.md", tuple(
+        Experiment(config, ("fedavg",), label=f"{config.removesuffix('.yaml')}, {model}",
+                   overrides=("rounds=3", "eval_every=3", *settings))
+        for config in ("agnews_topics.yaml", "shakespeare_roles.yaml")
+        for model, settings in TEXT_MODELS),
+        seeds=(0,), columns=("round_seconds", "outside_training", "perplexity"), threads=1),
 ]}
 R = "docs/results/"
 TABLES["grid-figure"] = GridFigure("grid-figure", "../README.md", "assets/scenario-grid.png",

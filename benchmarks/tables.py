@@ -51,6 +51,12 @@ def _pct(values: list[float]) -> str:
     return f"{statistics.mean(pct):.1f} ± {statistics.stdev(pct):.1f}"
 
 
+def _mean_sd(values: list[float], digits: int = 1) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
 def _ari(value: float | None) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:.2f}"
 
@@ -116,6 +122,16 @@ COLUMNS = {
     "newcomers": Column("newcomers: in their group's cluster % / ARI / accuracy %",
                         lambda rows: _newcomers([r["newcomers"] for r in rows
                                                  if r.get("newcomers")])),
+    "perplexity": Column("final perplexity",
+                         lambda rows: f"**{_mean_sd(_values(rows, 'final'))}**"),
+    "perplexity_best": Column("lowest over rounds",
+                              lambda rows: _mean_sd(_values(rows, "best"))),
+    "perplexity_worst": _mean_of("worst client", "worst", 1, 1),
+    "next_token_accuracy": Column("next-token accuracy %", lambda rows: _pct(
+        [r["secondary"]["accuracy"] for r in rows if "secondary" in r])),
+    "nmi": _per_seed("NMI", "nmi", _ari),
+    "round_seconds": _mean_of("s/round", "round_seconds", 1, 2),
+    "outside_training": _mean_of("outside local training %", "outside_training", 100, 1),
     "sigma": _mean_of("σ", "sigma", 1, 2),
     "epsilon": _mean_of("whole-run ε", "epsilon", 1, 1),
 }
@@ -154,9 +170,12 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
     traffic, wall seconds and the process's peak RSS; under attack the benign clients' final
     and best figure and the attack success rate."""
     import torch
+    from sklearn.metrics import normalized_mutual_info_score
 
+    from fedflock.client.objectives import get_objective
     from fedflock.compare import config_for
     from fedflock.config import apply_overrides, load_raw
+    from fedflock.summary import partition_labels
 
     if threads:
         torch.set_num_threads(threads)
@@ -170,16 +189,28 @@ def run_one(experiment: Experiment, algorithm: str, seed: int, rounds: int | Non
         result, measured_here = _finish(raw, where)
     summary = result.summary
     metric = summary.get("primary_metric", "accuracy")
+    objective = get_objective(summary.get("objective", "classification"))
     curve = [value for _, value in result.curve()]
+    best = max if objective.higher_is_better else min  # perplexity: the lowest
     row = {"config": experiment.key, "algorithm": algorithm, "seed": seed,
            "rounds": raw["rounds"], "final": summary[metric]["mean"],
-           "best": max(curve, default=None), "worst": summary[metric]["worst"],
+           "best": best(curve, default=None), "worst": summary[metric]["worst"],
            "clusters": summary["num_clusters"], "ari": summary.get("ari"),
            "up": summary["communication"]["up_floats"] / 1e6,
            "down": summary["communication"]["down_floats"] / 1e6,
            "seconds": summary["wall_seconds"],
            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
            if measured_here else None}
+    for name in objective.secondary:  # e.g. next-token accuracy beside perplexity
+        row.setdefault("secondary", {})[name] = summary[name]["mean"]
+    if summary.get("true_groups") is not None:
+        row["nmi"] = round(float(normalized_mutual_info_score(
+            summary["true_groups"], partition_labels(summary["clusters"],
+                                                     summary["num_clients"]))), 6)
+    timing = summary.get("timing") or {}
+    if timing.get("round_seconds"):  # rounds run by this process
+        row |= {"round_seconds": timing["round_seconds"] / raw["rounds"],
+                "outside_training": timing["outside_training_share"]}
     every = max(1, raw["rounds"] // 12)
     row["course"] = [{k: m[k] for k in ("round", f"{metric}_mean", "ari", "ari_placed",
                                          "unplaced", "num_clusters") if m.get(k) is not None}
@@ -250,6 +281,9 @@ class ConfigTable:
     isolated: bool = False  # each run in a fresh process, so its peak RSS is its own
     threads: int | None = None  # torch threads per run (rounding: a row may depend on it)
     appendix: Callable[[list[Row]], str] | None = None  # a second view of the same rows
+    # (line, algorithm) whose final figure every line's is divided by, seed by seed: a column
+    # each (perplexity as a share of FedAvg's, of the oracle's)
+    against: tuple[tuple[str, str], ...] = ()
 
     def runs(self, quick: bool) -> list[tuple[Experiment, str, int]]:
         seeds = self.seeds[:1] if quick else self.seeds
@@ -294,7 +328,9 @@ class ConfigTable:
         by_key: dict[tuple[str, str], list[Row]] = {}
         for row in sorted(rows, key=lambda r: r["seed"]):
             by_key.setdefault((row["config"], row["algorithm"]), []).append(row)
-        columns = [COLUMNS[c] for c in self.columns]
+        columns = [COLUMNS[c] for c in self.columns] + [
+            self._ratio(by_key.get(reference, []), algorithm) for reference in self.against
+            for _, algorithm in [reference]]
         lines = ["| config | algorithm | seeds | " + " | ".join(c.header for c in columns)
                  + " |", "|---|---|---|" + "---|" * len(columns)]
         for experiment in self.experiments:
@@ -311,6 +347,17 @@ class ConfigTable:
                   f"`benchmarks/results/tables/{self.name}.jsonl`, made by "
                   f"`python -m benchmarks.reproduce run {self.name}`."]
         return "\n".join(lines) + "\n"
+
+
+    @staticmethod
+    def _ratio(reference: list[Row], name: str) -> Column:
+        """A line's final figure over the reference line's, per seed, then their mean."""
+        of_seed = {r["seed"]: r["final"] for r in reference}
+
+        def cell(rows: list[Row]) -> str:
+            ratios = [r["final"] / of_seed[r["seed"]] for r in rows if of_seed.get(r["seed"])]
+            return _mean_sd(ratios, 2) if ratios else "–"
+        return Column(f"÷ {name}", cell)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fedflock.engines.flower.local import LocalDeployment
 from fedflock.engines.flower.processes import processes_carrying
 from fedflock.experiment import run_experiment
 from fedflock.validation import validate
-from tests.conftest import apply_dotted
+from tests.conftest import apply_dotted, tiny_text_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "flower_demo.yaml"
@@ -130,6 +130,30 @@ def test_a_killed_node_and_a_nan_node_do_not_corrupt_the_run(tmp_path: Path) -> 
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["algorithm"]
     assert all(torch.isfinite(c["params"]).all() for c in state["clusters"])
     assert per_client[0] > 0.3
+
+
+def test_a_text_deployment_cuts_tokens_as_the_embedded_run(shared_data: Path,
+                                                          tmp_path: Path) -> None:
+    """Next-token data on real SuperNodes: each node draws its partition of AG News into its
+    cache (2-D targets, the next-token objective, the tokenizer), the server learns the
+    tokenizer from the nodes and keeps it in the run directory, and the perplexity is the
+    embedded engine's."""
+    raw = tiny_text_config(shared_data)
+    embedded = run_experiment(validate(raw), tmp_path / "embedded", quiet=True)
+    config = tmp_path / "text.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "flower-run"
+    with LocalDeployment(raw["data"]["clients"], tmp_path / "deployment") as deployment:
+        submitted = deployment.submit(config, out, "round-timeout=60.0")
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        summary = _wait_for(out / "summary.json", deployment)
+    assert processes_carrying(deployment.owned.token) == []
+    assert summary["engine"] == "flower" and summary["primary_metric"] == "perplexity"
+    assert summary["perplexity"]["mean"] == pytest.approx(embedded["perplexity"]["mean"],
+                                                          rel=1e-4)
+    assert summary["ari"] == embedded["ari"]
+    assert (out / "tokenizer.json").read_text() == (
+        tmp_path / "embedded" / "tokenizer.json").read_text()
 
 
 # 8 clients, 4 sampled per round; clustering at round 2 with 7 seen; the unseen one is placed by

@@ -205,8 +205,10 @@ def test_nodes_serving_their_own_files_run_without_a_hidden_group(tmp_path: Path
 
 def test_text_nodes_from_the_cache_and_from_their_own_files_run_as_embedded(
         shared_data: Path, tmp_path: Path) -> None:
-    """Next-token data on nodes: the partition cache keeps 2-D targets and the objective, and
-    a device's own token file (targets shaped as its inputs) is read as next-token data."""
+    """Next-token data on nodes: the partition cache keeps 2-D targets, the objective and the
+    tokenizer, and a device's own token file (targets shaped as its inputs, its tokenizer
+    beside them) is read as next-token data; the run directory keeps the nodes' tokenizer as
+    the embedded engine's does."""
     raw = tiny_text_config(shared_data)
     cfg = validate(raw)
     full = build_federated_data(cfg.data, cfg.seed)
@@ -214,16 +216,38 @@ def test_text_nodes_from_the_cache_and_from_their_own_files_run_as_embedded(
     again = scenario_partition(cfg.data, cfg.seed, 1, tmp_path / "cache")  # from the file
     assert _same_client(again.client, full.clients[1]) and again.spec == full.spec == node.spec
     assert again.spec.objective == "next_token" and again.client.y_train.ndim == 2
+    assert again.tokenizer == full.tokenizer is not None
     embedded = run_experiment(cfg, tmp_path / "embedded", quiet=True)
+    assert embedded["data_source"] == "ag_news/test.csv: 7,600 articles"
+    tokenizer = (tmp_path / "embedded" / "tokenizer.json").read_text()
     cached, _ = _flower_run(tmp_path, raw, "cached")
     assert cached["perplexity"] == embedded["perplexity"]
+    assert (tmp_path / "cached" / "tokenizer.json").read_text() == tokenizer
     files = {100 + c: {"data-path": str(_device_file(
-        tmp_path / f"node{c}.npz", client, vocab_size=np.array(full.vocab_size)))}
-        for c, client in enumerate(full.clients)}
+        tmp_path / f"node{c}.npz", client, vocab_size=np.array(full.vocab_size),
+        tokenizer=np.array(full.tokenizer)))} for c, client in enumerate(full.clients)}
     own = load_node_files(Path(files[101]["data-path"]), 1, 4)
-    assert own.spec == full.spec
+    assert own.spec == full.spec and own.tokenizer == full.tokenizer
     summary, _ = _flower_run(tmp_path, raw, "files", files)
     assert summary["perplexity"] == embedded["perplexity"]  # the same data, from the files
+    assert (tmp_path / "files" / "tokenizer.json").read_text() == tokenizer
+
+
+def test_nodes_cut_by_another_tokenizer_are_refused(shared_data: Path, tmp_path: Path) -> None:
+    """Token ids mean nothing under another vocabulary: a node whose tokenizer differs from the
+    first node's is refused at the handshake, and the run goes on without it."""
+    raw = tiny_text_config(shared_data)
+    full = build_federated_data(validate(raw).data, 0)
+    other = build_federated_data(validate(raw | {"seed": 1}).data, 1)
+    assert other.tokenizer != full.tokenizer
+    files = {100 + c: {"data-path": str(_device_file(
+        tmp_path / f"node{c}.npz", client, vocab_size=np.array(full.vocab_size),
+        tokenizer=np.array(other.tokenizer if c == 3 else full.tokenizer)))}
+        for c, client in enumerate(full.clients)}
+    summary, _ = _flower_run(tmp_path, raw, "mixed", files)
+    refused = [r for r in summary["rejected_replies"] if r["client"] is None or r["client"] == 3]
+    assert refused and "tokenizer differs" in refused[0]["reason"], summary["rejected_replies"]
+    assert summary["perplexity"]["per_client"][3] is None
 
 
 def test_node_workers_answer_for_the_clientapp_and_give_the_same_run(

@@ -131,7 +131,8 @@ def test_run_with_splits_gets_every_figure(cfl_run: Path, cfl_report: list[Path]
     summary = _summary(cfl_run)
     names = _check_written(cfl_report, cfl_run / "report")
     heatmaps = {f"split_{i:02d}.png" for i in range(len(summary["splits"]))}
-    assert set(names) == {"accuracy.png", "norms.png", "tree.png", "report.md", *heatmaps}
+    assert set(names) == {"accuracy.png", "clusters.png", "norms.png", "tree.png", "report.md",
+                          *heatmaps}
     text = names["report.md"].read_text()
     assert text.startswith("# Report: cfl on digits / label_swap (seed 0)")
     assert f"| {100 * summary['accuracy']['mean']:.1f} |" in text
@@ -186,7 +187,8 @@ def test_compare_dir(compare_dir: Path, tmp_path: Path) -> None:
     assert cfl_summary["splits"], "cfl seed 0 must split for the per-algorithm figures"
     names = _check_written(make_report(cmp), cmp / "report")
     heatmaps = {f"cfl_split_{i:02d}.png" for i in range(len(cfl_summary["splits"]))}
-    expected = {"accuracy.png", "cfl_accuracy.png", "cfl_norms.png", "cfl_tree.png", *heatmaps}
+    expected = {"accuracy.png", "cfl_accuracy.png", "cfl_clusters.png", "cfl_norms.png",
+                "cfl_tree.png", *heatmaps}
     assert set(names) == {*expected, "report.md"}
     assert not any(n.startswith("fedavg_") for n in names)
     text = names["report.md"].read_text()
@@ -304,3 +306,21 @@ def test_a_round_that_repeats_earlier_figures_is_not_plotted_as_its_own() -> Non
         {"round": 3, "accuracy_mean": 0.5, "evaluated_round": 1},
         {"round": 4, "accuracy_mean": 0.75}])
     assert accuracy_series(run) == {1: 50.0, 4: 75.0}
+
+
+def test_cluster_curves_follow_the_final_clusters_back_through_every_round(
+        tmp_path: Path) -> None:
+    """Each final cluster's members averaged per evaluated round; a repeated round, a client
+    without a figure and a run of one cluster add no curve point, figure or cluster."""
+    from fedflock.report.load import RunData
+    from fedflock.report.plots import cluster_curves, plot_cluster_curves
+
+    summary = {"primary_metric": "perplexity", "clusters": [[0, 2], [1]]}
+    run = RunData(Path("run"), summary=summary, metrics=[
+        {"round": 1, "perplexity": [40.0, 50.0, 60.0]},
+        {"round": 2, "perplexity": [40.0, 50.0, 60.0], "evaluated_round": 1},
+        {"round": 3, "perplexity": [20.0, 45.0, None]}])
+    assert cluster_curves(run) == {0: {1: 50.0, 3: 20.0}, 1: {1: 50.0, 3: 45.0}}
+    assert_figure(plot_cluster_curves(run, tmp_path / "clusters.png"))
+    one = RunData(Path("run"), summary={**summary, "clusters": [[0, 1, 2]]}, metrics=run.metrics)
+    assert cluster_curves(one) == {} and plot_cluster_curves(one, tmp_path / "x.png") is None

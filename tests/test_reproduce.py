@@ -220,3 +220,32 @@ def test_a_papers_figures_stand_beside_our_means_and_a_missing_line_is_a_dash(
     text = view.render(tmp_path)
     assert "| method | paper: theirs | ours: mine |" in text
     assert "| M | 61.25 | 60.0 ± 14.1 |" in text and "| N | – | – |" in text
+
+
+def test_a_text_table_shows_perplexity_its_lowest_round_and_ratios_to_reference_lines(
+        shared_data: Path, tmp_path: Path) -> None:
+    """Lower is better for perplexity: the best round is the lowest, and each line's final
+    figure is divided seed by seed by the reference lines'."""
+    tiny = ("rounds=3", "eval_every=1", "data.clients=4", "data.samples_per_client=12",
+            "data.test_per_client=6", "data.scenario={kind: topics, groups: 2}",
+            "data.text={vocab_size: 200, seq_len: 8}", f"data.root={shared_data}",
+            "model={name: lstm_lm, embedding: 8, hidden: [8], layers: 1}",
+            "training.executor=sequential")
+    table = tables.ConfigTable("text", "x.md", (
+        tables.Experiment("agnews_topics.yaml", ("fedavg", "oracle"), overrides=tiny,
+                          label="tiny"),), seeds=(0,),
+        columns=("perplexity", "perplexity_best", "next_token_accuracy", "nmi"),
+        against=(("tiny", "fedavg"),))
+    rows = {r["algorithm"]: r for r in tables.read_rows(table.run(False, tmp_path / "results",
+                                                                  tmp_path / "runs"))}
+    fedavg, oracle = rows["fedavg"], rows["oracle"]
+    curve = [c["perplexity_mean"] for c in fedavg["course"]]
+    assert fedavg["best"] == min(curve) < curve[0]
+    assert oracle["nmi"] == 1.0 and fedavg["nmi"] == 0.0
+    assert 0 < fedavg["secondary"]["accuracy"] < 1
+    text = table.render(tmp_path / "results")
+    assert "final perplexity" in text and "÷ fedavg" in text
+    ratio = oracle["final"] / fedavg["final"]
+    assert f"| `tiny` | oracle | 0 | **{oracle['final']:.1f}** | {oracle['best']:.1f} | " in text
+    assert text.splitlines()[3].endswith(f"| {ratio:.2f} |")
+    assert text.splitlines()[2].endswith("| 1.00 |")

@@ -63,6 +63,8 @@ def run(config: Path, set_: SetOpt = None,
         f"(worst {summary[metric]['worst']:.4f}), clusters {summary['num_clusters']}, "
         f"ARI {ari}, {summary['wall_seconds']:.1f}s -> {out}"
     )
+    if summary.get("data_source"):
+        typer.echo(f"{summary['dataset']} read from {summary['data_source']}")
 
 
 @app.command()

@@ -72,6 +72,7 @@ def summarise_run(config: ExperimentConfig, algorithm: Algorithm, engine: Engine
     summary: dict[str, Any] = {
         "algorithm": config.algorithm.name,
         "dataset": config.data.dataset,
+        **({"data_source": engine.data_source} if engine.data_source else {}),
         "scenario": config.data.scenario.kind,
         "seed": config.seed,
         "rounds": config.rounds,

@@ -35,7 +35,7 @@ from fedflock.data.spec import DataSpec
 from fedflock.errors import DataError
 from fedflock.fileio import atomic_open
 
-CACHE_FORMAT = 1  # bump when what a cache file holds changes
+CACHE_FORMAT = 2  # bump when what a cache file holds changes
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
@@ -46,9 +46,10 @@ class PartitionCacheWarning(UserWarning):
 @dataclass
 class NodeData:
     """What one node holds: its client's data, the data description every node must agree on,
-    the size of the federation, the hidden group (None where nobody knows it) and the
+    the size of the federation, the hidden group (None where nobody knows it), the
     training-set size of every client (differential privacy calibrates its noise on the
-    smallest; a node that does not know the others' sizes has only its own)."""
+    smallest; a node that does not know the others' sizes has only its own) and, for text,
+    the JSON of the tokenizer its token ids come from (the run keeps it for new clients)."""
 
     partition: int
     client: ClientData
@@ -56,6 +57,7 @@ class NodeData:
     num_clients: int
     group: int | None
     sizes: tuple[int, ...]
+    tokenizer: str | None = None
 
     def held(self) -> dict[int, ClientData]:
         return {self.partition: self.client}
@@ -67,7 +69,8 @@ class NodeData:
     def of(cls, data: FederatedData, partition: int,
            sizes: tuple[int, ...] | None = None) -> NodeData:
         return cls(partition, data.clients[partition], data.spec, len(data.clients),
-                   int(data.groups[partition]), data.sizes if sizes is None else sizes)
+                   int(data.groups[partition]), data.sizes if sizes is None else sizes,
+                   data.tokenizer)
 
 
 def default_cache_dir() -> Path:
@@ -100,7 +103,7 @@ def _path(folder: Path, dataset: str, key: str, partition: int) -> Path:
 def _write(path: Path, node: NodeData, key: str) -> None:
     meta = {"format": CACHE_FORMAT, "key": key, "partition": node.partition,
             "num_clients": node.num_clients, "group": node.group, "sizes": list(node.sizes),
-            "spec": node.spec.to_dict()}
+            "spec": node.spec.to_dict(), "tokenizer": node.tokenizer}
     arrays = {name: getattr(node.client, name).numpy() for name in ARRAYS}
     with atomic_open(path, "wb", durable=False) as fh:
         np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
@@ -122,7 +125,7 @@ def _read(path: Path, key: str | None = None) -> NodeData:
         spec = DataSpec.from_dict(meta["spec"])
         node = NodeData(int(meta["partition"]), _client(arrays), spec, int(meta["num_clients"]),
                         None if meta["group"] is None else int(meta["group"]),
-                        tuple(int(n) for n in meta["sizes"]))
+                        tuple(int(n) for n in meta["sizes"]), meta.get("tokenizer"))
     except (KeyError, TypeError, json.JSONDecodeError) as err:
         raise ValueError(f"unreadable description ({type(err).__name__}: {err})") from None
     return node
@@ -178,7 +181,8 @@ def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
     integer token ids, labels integers 0..C-1; for token ids, labels shaped as the inputs are
     next-token targets and the objective is `next_token`), `num_classes` (optional: default
     the largest label + 1, or the vocabulary for next tokens, but every node must agree on it,
-    so give it) and, for token ids, `vocab_size`.
+    so give it) and, for token ids, `vocab_size` and optionally `tokenizer` (the JSON of the
+    `tokenizers` tokenizer that cut them, as a string: the run keeps it for new clients).
     Raises DataError with one line saying what is wrong."""
     path = Path(path)
     where = f"data-path {path}"
@@ -234,4 +238,5 @@ def load_node_files(path: Path, partition: int, num_clients: int) -> NodeData:
     to_torch = [torch.from_numpy(np.ascontiguousarray(a)) for a in (x, y, x_test, y_test)]
     inputs = [t.long() if tokens else t.float() for t in (to_torch[0], to_torch[2])]
     client = ClientData(inputs[0], to_torch[1].long(), inputs[1], to_torch[3].long())
-    return NodeData(partition, client, spec, num_clients, None, (len(y),))
+    tokenizer = str(arrays["tokenizer"]) if tokens and "tokenizer" in arrays else None
+    return NodeData(partition, client, spec, num_clients, None, (len(y),), tokenizer)

@@ -96,6 +96,7 @@ class FederatedData:
     objective: str = "classification"
     vocab_size: int | None = None
     tokenizer: str | None = None  # text: the fitted tokenizer's JSON (saved with the run)
+    source: str | None = None  # text: which file(s) the corpus was read from, in one line
 
     @property
     def spec(self) -> DataSpec:
@@ -413,7 +414,7 @@ def text_federation(corpus: text.Corpus, cfg: DataConfig, seed: int,
         clients.append(ClientData(x_tr, y_tr, x_te, y_te, train_index=tr, test_index=te))
     vocab = fitted.get_vocab_size()
     return FederatedData(clients, groups, vocab, (cfg.text.seq_len,), corpus.name, "next_token",
-                         vocab, tokenizer)
+                         vocab, tokenizer, corpus.source)
 
 
 def build_federated_data(cfg: DataConfig, seed: int, shift_seed: int | None = None,

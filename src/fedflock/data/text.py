@@ -51,6 +51,7 @@ class Corpus:
     level: Level  # the tokenizer's unit
     writers: np.ndarray | None = None  # (N,) int64: who wrote (spoke) each document
     coarse: np.ndarray | None = None  # (len(topic_names),) a coarser group of each topic
+    source: str = ""  # one line: which file(s) it was read from (summary.json's data_source)
 
 
 @DATASETS.register("agnews", "AG News articles of 4 topics, word-level next-token prediction "
@@ -81,7 +82,8 @@ def read_agnews(root: Path | None) -> Corpus:
     if not documents:
         raise DataError(f"{path}: no article")
     return Corpus("agnews", tuple(documents), np.array(topics, dtype=np.int64),
-                  ("World", "Sports", "Business", "Sci/Tech"), "word")
+                  ("World", "Sports", "Business", "Sci/Tech"), "word",
+                  source=f"ag_news/{path.name}: {len(documents):,} articles")
 
 
 # The First Folio's three kinds (1623). Pericles is not in the Folio: a late romance, counted
@@ -153,7 +155,9 @@ def read_shakespeare(root: Path | None) -> Corpus:
         raise DataError(f"{folder}: no play with speeches (*_gut.txt)")
     return Corpus("shakespeare", tuple(documents), np.array(topics, dtype=np.int64),
                   tuple(plays), "char", np.array(writers, dtype=np.int64),
-                  np.array(coarse, dtype=np.int64))
+                  np.array(coarse, dtype=np.int64),
+                  source=f"shakespeare/open_shakespeare_gutenberg: {len(plays)} plays, "
+                  f"{len(documents):,} speeches")
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, level: Level) -> str:

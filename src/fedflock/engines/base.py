@@ -73,6 +73,12 @@ class Engine(ABC):
         return None
 
     @property
+    def data_source(self) -> str | None:
+        """Which file(s) the federation was read from, in one line, where a dataset has a
+        choice (AG News: train.csv or test.csv) and this engine sees the data."""
+        return None
+
+    @property
     @abstractmethod
     def executor_name(self) -> str: ...
 

@@ -55,6 +55,10 @@ class EmbeddedEngine(Engine):
         return self.runtime.data.tokenizer
 
     @property
+    def data_source(self) -> str | None:
+        return self.runtime.data.source
+
+    @property
     def executor_name(self) -> str:
         return self.executor.name
 

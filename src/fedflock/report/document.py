@@ -30,6 +30,10 @@ CAPTIONS = {
     "accuracy": "The headline metric per round (test accuracy, or perplexity for next-token "
                 "tasks, on a log axis): mean over clients (solid) and the worst client "
                 "(dashed); dotted vertical lines mark rounds in which a cluster split.",
+    "clusters": "The headline metric of each final cluster's members per round (their mean), "
+                "followed back to round 1: the curves part where the clusters split off, and "
+                "a cluster whose members gain from the split falls (perplexity) or rises "
+                "(accuracy) below or above the others after it.",
     "norms": "Split diagnostics per cluster: norm of the cluster's averaged update (solid) and "
              "the largest single-client update norm (dashed); CFL's eps rule splits a cluster "
              "once the averaged update vanishes while individual clients still move. The "
@@ -84,6 +88,8 @@ def run_figures(run: RunData, out: Path, prefix: str = "", accuracy: bool = True
     if accuracy:
         add(lambda p: plots.plot_run_accuracy(run, p), "accuracy",
             plots.metric_view(run).name.capitalize(), CAPTIONS["accuracy"])
+    add(lambda p: plots.plot_cluster_curves(run, p), "clusters",
+        f"{plots.metric_view(run).name.capitalize()} per cluster", CAPTIONS["clusters"])
     add(lambda p: plots.plot_norms(run, p), "norms", "Split diagnostics", CAPTIONS["norms"])
     for i, matrix in enumerate(run.matrices):
         d = matrix.decision

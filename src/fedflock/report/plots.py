@@ -1,4 +1,5 @@
-"""The report's figures: accuracy curves, split diagnostics, split heatmaps, cluster tree.
+"""The report's figures: accuracy curves (overall and per cluster), split diagnostics, split
+heatmaps, cluster tree.
 
 Figures are built on `matplotlib.figure.Figure` directly (rendered by the Agg canvas) rather
 than through pyplot, so making a report never switches the caller's backend or leaks global
@@ -155,6 +156,60 @@ def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
         _metric_axis(ax, view)
         _integer_rounds(ax)
         ax.legend(handles=handles, loc="best", frameon=False)
+        return _save(fig, path)
+
+
+def cluster_curves(run: RunData) -> dict[int, dict[int, float]]:
+    """Final cluster -> round -> its members' mean of the primary metric: the clients grouped
+    as the run ended, followed back through every evaluated round (so the curves part where
+    the clusters did). Empty with fewer than two final clusters."""
+    view = metric_view(run)
+    clusters = run.summary.get("clusters") or []
+    if len(clusters) < 2:
+        return {}
+    curves: dict[int, dict[int, float]] = {i: {} for i in range(len(clusters))}
+    for rec in run.metrics:
+        per_client = rec.get(view.name)
+        if "evaluated_round" in rec or not isinstance(per_client, list):
+            continue
+        for i, members in enumerate(clusters):
+            values = [finite(per_client[c]) for c in members if c < len(per_client)]
+            values = [v for v in values if v is not None]
+            if values:
+                curves[i][int(rec["round"])] = view.scale * float(np.mean(values))
+    return {i: curve for i, curve in curves.items() if curve}
+
+
+def plot_cluster_curves(run: RunData, path: Path) -> Path | None:
+    """The primary metric per final cluster and round (`cluster_curves`), splits marked."""
+    curves = cluster_curves(run)
+    if len(curves) < 2:
+        return None
+    view = metric_view(run)
+    truth = run.summary.get("true_groups")
+    names = []
+    for members in run.summary["clusters"]:
+        purity = leaf_purity(members, truth)
+        names.append(f"{len(members)} clients" + (
+            f", {purity[1]:.0%} group {purity[0]}" if purity else ""))
+    with _style():
+        fig = Figure(figsize=(6.4, 4.0))
+        ax = fig.add_subplot()
+        legend = len(curves) <= MAX_LEGEND_CLUSTERS
+        for i, curve in curves.items():
+            ax.plot(list(curve), list(curve.values()), color=colour(i), linewidth=1.6,
+                    marker="o" if len(curve) <= 30 else None, markersize=3,
+                    label=f"cluster {i} ({names[i]})" if legend else None)
+        handles, _ = ax.get_legend_handles_labels()
+        split = _mark_splits(ax, run.split_rounds)
+        if split is not None:
+            handles.append(split)
+        ax.set(xlabel="communication round", ylabel=view.axis,
+               title=f"{view.title.capitalize()} per final cluster: {run.title()}")
+        _metric_axis(ax, view)
+        _integer_rounds(ax)
+        if handles:
+            ax.legend(handles=handles, loc="best", frameon=False)
         return _save(fig, path)
 
 

@@ -9,6 +9,7 @@ averaged in. A node that does not answer in time is recorded as missing for that
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -59,6 +60,7 @@ class FlowerEngine(Engine):
         self._update_size = 0
         self._masked = False
         self._data_spec: DataSpec | None = None
+        self._tokenizer: str | None = None
         self._connect()
 
     # -- handshake -----------------------------------------------------------------------
@@ -128,7 +130,8 @@ class FlowerEngine(Engine):
                 "group": integer(info, "group", "handshake") if "group" in info else -1,
                 "agreed": {"update-size": integer(info, "update-size", "handshake"),
                            "data": str(info.get("data", "")),
-                           "masked": bool(info.get("masked"))}}
+                           "masked": bool(info.get("masked")),
+                           "tokenizer": str(info.get("tokenizer", ""))}}
 
     def _admit(self, node: int, info: dict[str, Any], models: Message | None) -> None:
         """Register a node under its partition: the partition must be free, and what every
@@ -148,6 +151,7 @@ class FlowerEngine(Engine):
             self._update_size = agreed["update-size"]
             if models is not None:
                 self._initial = self._models(models, 1)[0]
+                self._tokenizer = self._tokenizer_of(models, agreed["tokenizer"])
             self._data_spec, self._masked = spec, agreed["masked"]
             self._reference, self._agreed, self._first_node = client, agreed, node
         elif agreed != self._agreed:
@@ -157,6 +161,18 @@ class FlowerEngine(Engine):
         self.client_of[node] = client
         self.declared[client] = info["examples"]
         self._groups[client] = info["group"]
+
+    @staticmethod
+    def _tokenizer_of(reply: Message, digest: str) -> str | None:
+        """The tokenizer the first node sent with its initial model, checked against the digest
+        every node declared (None: not text). Raises InvalidReply."""
+        if not digest:
+            return None
+        record = reply.content.config_records.get("tokenizer")
+        raw = str(record.get("json", "")) if record is not None else ""
+        if hashlib.sha256(raw.encode()).hexdigest() != digest:
+            raise InvalidReply("the tokenizer sent is not the one its digest names")
+        return raw
 
     def _models(self, reply: Message, count: int) -> torch.Tensor:
         """`count` initial models from a query reply, checked like any reply."""
@@ -188,6 +204,10 @@ class FlowerEngine(Engine):
     @property
     def executor_name(self) -> str:
         return "flower"
+
+    @property
+    def tokenizer(self) -> str | None:
+        return self._tokenizer
 
     @property
     def data_spec(self) -> DataSpec:

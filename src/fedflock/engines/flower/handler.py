@@ -18,6 +18,7 @@ where they are used).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -102,13 +103,16 @@ def _corrupt(reply: Reply, fault: str) -> Reply:
 
 def _query(message: Message, context: Context) -> RecordDict:
     """Who am I: partition id, example count, hidden group (evaluation only), model layout, data
-    description, whether this node masks, and the agreed initial model(s) (masked when masking
-    is on) when the server asks for them (`initial-models`: how many)."""
+    description, whether this node masks, the digest of its tokenizer (text), and the agreed
+    initial model(s) (masked when masking is on) with the tokenizer itself when the server asks
+    for them (`initial-models`: how many)."""
     runtime, client = _runtime(context)
+    tokenizer = runtime.data.tokenizer
     info = {"client": client, "num-examples": runtime.num_examples(client),
             "update-size": runtime.spec.num_trainable,
             "data": json.dumps(runtime.data_spec.to_dict()),
-            "masked": runtime.mask is not None}
+            "masked": runtime.mask is not None,
+            "tokenizer": hashlib.sha256(tokenizer.encode()).hexdigest() if tokenizer else ""}
     group = runtime.data.group_of(client)
     if group is not None:  # unknown on a device serving its own files
         info["group"] = group
@@ -116,4 +120,6 @@ def _query(message: Message, context: Context) -> RecordDict:
     count = int(message.content.config_records["ask"]["initial-models"])
     content["models"] = (tensors_record({"models": runtime.initial_models(count)}) if count
                          else ArrayRecord())
+    if count and tokenizer:
+        content["tokenizer"] = ConfigRecord({"json": tokenizer})
     return content
