@@ -111,6 +111,7 @@ def federation_shape(config: str, shift: str, data: tuple[str, ...] = (),
                 *data, f"algorithm={{name: {name}, clusters: 4}}")) for name in GIVEN_K))
 
 
+SMALL_MNIST = ("data.samples_per_client=200",)  # the weight-space methods' papers' size
 TEXT_COLUMNS = ("perplexity", "perplexity_best", "perplexity_worst", "next_token_accuracy",
                 "clusters", "ari")
 TOPICS = "agnews, 4 topics"
@@ -307,6 +308,18 @@ TABLES: dict[str, ConfigTable | GridTable | TimingTable | View] = {t.name: t for
                    overrides=(f"privacy.dp={{mechanism: client, epsilon: {e}, clip: 1.0}}",))
         for e in (30, 8, 1)), columns=DP_COLUMNS, threads=1),
     GridTable("scenario-grid", "results/scenario-grid.md"),
+    ConfigTable("weight-space-mnist", "results/weight-space.md", (
+        Experiment("mnist_label_permutation.yaml", ("fedavg", "oracle", "cfl", "flhc"),
+                   overrides=SMALL_MNIST, label="4 groups"),
+        Experiment("mnist_label_permutation.yaml", ("flhc",), label="4 groups, K=4",
+                   overrides=(*SMALL_MNIST, "algorithm={name: flhc, clusters: 4}")),
+        *(Experiment("mnist_label_permutation.yaml", ("ifca",), label=f"4 groups, K=4, {init}",
+                     overrides=(*SMALL_MNIST, f"algorithm={{name: ifca, clusters: 4, "
+                                f"init: {init}}}")) for init in ("random", "clients")),
+    ), columns=(*STANDARD, "round_seconds", "traffic"), threads=1),
+    ConfigTable("weight-space-iid", "results/weight-space.md", (
+        Experiment("mnist_iid.yaml", ("fedavg", "flhc"), overrides=SMALL_MNIST, label="IID"),
+    ), columns=STANDARD, threads=1),
     ConfigTable("text-agnews", "results/text.md", (
         Experiment("agnews_topics.yaml", ("fedavg", "cfl", "oracle", "incremental"),
                    label=TOPICS),

@@ -25,6 +25,7 @@ from tests.conftest import one_error_line, small_config
 QUICK = {"cfl": {"warmup_rounds": 0, "patience": 1, "f_threshold": 1.2, "min_replies": 3},
          "incremental": {"cluster_round": 2, "placement_delay": 0},
          "ifca": {"clusters": 2},
+         "flhc": {"warmup_rounds": 1},
          "distfl": {"warmup_rounds": 2, "recluster_every": 2, "synthetic": 16, "steps": 5,
                     "threshold": 0.05}}
 MODEL = {"distfl": {"name": "cnn_bn"}}  # methods that need a particular kind of model

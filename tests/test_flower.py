@@ -192,9 +192,15 @@ FEDDAG = {"rounds": 4, "eval_every": 4, "participation.count": 2, "model.dual_en
           "algorithm": {"name": "feddag", "warmup_rounds": 1, "clusters": 2}}
 
 
-@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA, PACFL, FEDRC, FEDSOFT, FEDDAG],
+# FL+HC: one warm-up round, the clustering round on the 2 sampled clients, the other two placed
+# by their update at the global model when next sampled.
+FLHC = {"rounds": 4, "eval_every": 4, "participation.count": 2,
+        "algorithm": {"name": "flhc", "warmup_rounds": 1}}
+
+
+@pytest.mark.parametrize("settings", [FAST, PARTIAL, IFCA, PACFL, FEDRC, FEDSOFT, FEDDAG, FLHC],
                          ids=["cfl", "incremental-partial-attack", "ifca", "pacfl", "fedrc",
-                              "fedsoft", "feddag-dual"])
+                              "fedsoft", "feddag-dual", "flhc-partial"])
 def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
                                                                settings: dict) -> None:
     """`fedflock run` with `engine: flower` goes through `flwr run` on Flower's simulation
@@ -228,6 +234,8 @@ def test_flower_simulation_runtime_gives_the_embedded_clusters(tmp_path: Path,
         assert (ours["members"], ours["complements"]) == (theirs["members"],
                                                           theirs["complements"])
         assert ours["complements"] == {"1": [2], "2": [1]}
+    if settings is FLHC:  # clustered on the sample, the others placed later
+        assert summary["splits"] == embedded["splits"] and sum(summary["splits"][0]["sizes"]) == 2
     if settings is PACFL:  # one clustering, on every client's bases
         assert [d["kind"] for d in summary["splits"]] == ["cluster"]
         assert sum(summary["splits"][0]["sizes"]) == raw["data"]["clients"]

@@ -15,6 +15,7 @@ from fedflock.algorithms import (  # noqa: F401 (register)
     fedper,
     fedrc,
     fedsoft,
+    flhc,
     ifca,
     incremental,
     local,

@@ -1,6 +1,7 @@
 """Agglomerative clustering of clients on a distance matrix: into a given number of clusters
-(PACFL and FedDAG with `clusters: K`), or the dendrogram's cut of lowest compactness plus
-small-cluster penalty (FedDAG's threshold sweep). SciPy's linkage on the condensed matrix;
+(PACFL, FedDAG and FL+HC with `clusters: K`), at a distance threshold (FL+HC's paper), or the
+dendrogram's cut of lowest compactness plus small-cluster penalty (FedDAG's threshold sweep,
+FL+HC's default). SciPy's linkage on the condensed matrix;
 the parts are ordered by their smallest member, as the other partitions."""
 
 from __future__ import annotations
@@ -10,25 +11,43 @@ from typing import Any, Literal
 
 import numpy as np
 
-Linkage = Literal["average", "complete", "single"]
+# ward treats the distances as Euclidean (Lance-Williams update): give it Euclidean ones
+Linkage = Literal["average", "complete", "single", "ward"]
+
+
+def _symmetric(distance: np.ndarray) -> np.ndarray:
+    d = np.asarray(distance, dtype=float)
+    d = (d + d.T) / 2
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def _cut(distance: np.ndarray, method: Linkage, value: float, criterion: str
+         ) -> list[list[int]]:
+    from scipy.cluster.hierarchy import fcluster, linkage  # server-only imports
+    from scipy.spatial.distance import squareform
+
+    tree = linkage(squareform(_symmetric(distance), checks=False), method=method)
+    labels = fcluster(tree, value, criterion=criterion)
+    parts = [np.flatnonzero(labels == k).tolist() for k in np.unique(labels)]
+    return sorted(parts, key=lambda part: part[0])
 
 
 def linkage_parts(distance: np.ndarray, clusters: int, method: Linkage = "average"
                   ) -> list[list[int]]:
     """The `clusters` parts of the dendrogram of `distance` (symmetrised), each sorted."""
-    from scipy.cluster.hierarchy import fcluster, linkage  # server-only imports
-    from scipy.spatial.distance import squareform
-
-    d = np.asarray(distance, dtype=float)
-    n = len(d)
+    n = len(distance)
     if clusters >= n:
         return [[i] for i in range(n)]
-    d = (d + d.T) / 2
-    np.fill_diagonal(d, 0.0)
-    labels = fcluster(linkage(squareform(d, checks=False), method=method), clusters,
-                      criterion="maxclust")
-    parts = [np.flatnonzero(labels == k).tolist() for k in np.unique(labels)]
-    return sorted(parts, key=lambda part: part[0])
+    return _cut(distance, method, clusters, "maxclust")
+
+
+def distance_parts(distance: np.ndarray, threshold: float, method: Linkage = "average"
+                   ) -> list[list[int]]:
+    """The parts of the dendrogram of `distance` whose merges all lie below `threshold`."""
+    if len(distance) < 2:
+        return [list(range(len(distance)))]
+    return _cut(distance, method, threshold, "distance")
 
 
 def sweep_partition(distance: np.ndarray, penalty: float = 2.0, min_size: int | None = None,
@@ -45,9 +64,7 @@ def sweep_partition(distance: np.ndarray, penalty: float = 2.0, min_size: int | 
     from scipy.cluster.hierarchy import linkage  # server-only imports
     from scipy.spatial.distance import squareform
 
-    d = np.asarray(distance, dtype=float)
-    d = (d + d.T) / 2
-    np.fill_diagonal(d, 0.0)
+    d = _symmetric(distance)
     n = len(d)
     smallest = min_size if min_size is not None else math.sqrt(n)
     overall = d.sum() / max(n * (n - 1), 1)

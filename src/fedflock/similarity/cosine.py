@@ -7,6 +7,7 @@ the rest costs O(M^2).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -36,3 +37,10 @@ def cosine_matrix(updates: torch.Tensor, other: torch.Tensor | None = None) -> t
 def _unit(rows: torch.Tensor) -> torch.Tensor:
     rows = rows.double()
     return rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def update_distance(updates: torch.Tensor, other: torch.Tensor, metric: str) -> np.ndarray:
+    """(M, N) distances between rows: `euclidean`, or `cosine` (1 - cosine similarity)."""
+    if metric == "cosine":
+        return (1.0 - cosine_matrix(updates, other)).clamp_min(0.0).numpy()
+    return torch.cdist(updates.double(), other.double()).numpy()
