@@ -131,6 +131,19 @@ def accuracy_series(run: RunData, key: str = "accuracy_mean", scale: float = 100
     return out
 
 
+def _round_axes(ax: Axes, run: RunData, view: MetricView, title: str) -> None:
+    """A per-round metric axis: split rounds marked, labels, the metric's scale, a legend."""
+    handles, _ = ax.get_legend_handles_labels()
+    split = _mark_splits(ax, run.split_rounds)
+    if split is not None:
+        handles.append(split)
+    ax.set(xlabel="communication round", ylabel=view.axis, title=title)
+    _metric_axis(ax, view)
+    _integer_rounds(ax)
+    if handles:
+        ax.legend(handles=handles, loc="best", frameon=False)
+
+
 def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
     """Mean and worst client of the run's primary metric per round (accuracy, perplexity),
     split rounds marked."""
@@ -147,15 +160,7 @@ def plot_run_accuracy(run: RunData, path: Path) -> Path | None:
         if worst:
             ax.plot(list(worst), list(worst.values()), color=colour(3), linewidth=1.6,
                     linestyle="--", label="worst client")
-        handles, _ = ax.get_legend_handles_labels()
-        split = _mark_splits(ax, run.split_rounds)
-        if split is not None:
-            handles.append(split)
-        ax.set(xlabel="communication round", ylabel=view.axis,
-               title=f"Client {view.title}: {run.title()}")
-        _metric_axis(ax, view)
-        _integer_rounds(ax)
-        ax.legend(handles=handles, loc="best", frameon=False)
+        _round_axes(ax, run, view, f"Client {view.title}: {run.title()}")
         return _save(fig, path)
 
 
@@ -200,16 +205,8 @@ def plot_cluster_curves(run: RunData, path: Path) -> Path | None:
             ax.plot(list(curve), list(curve.values()), color=colour(i), linewidth=1.6,
                     marker="o" if len(curve) <= 30 else None, markersize=3,
                     label=f"cluster {i} ({names[i]})" if legend else None)
-        handles, _ = ax.get_legend_handles_labels()
-        split = _mark_splits(ax, run.split_rounds)
-        if split is not None:
-            handles.append(split)
-        ax.set(xlabel="communication round", ylabel=view.axis,
-               title=f"{view.title.capitalize()} per final cluster: {run.title()}")
-        _metric_axis(ax, view)
-        _integer_rounds(ax)
-        if handles:
-            ax.legend(handles=handles, loc="best", frameon=False)
+        _round_axes(ax, run, view,
+                    f"{view.title.capitalize()} per final cluster: {run.title()}")
         return _save(fig, path)
 
 
