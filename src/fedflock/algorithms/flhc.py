@@ -97,9 +97,9 @@ class UpdateRouter:
 
     def vote(self, update: torch.Tensor) -> tuple[int, dict[str, Any]]:
         distance = update_distance(update.reshape(1, -1), self.updates, self.metric)[0]
+        owner = np.asarray(self.cluster_ids)
         ids = sorted(set(self.cluster_ids))
-        mean = {c: float(np.mean([d for d, o in zip(distance, self.cluster_ids, strict=True)
-                                  if o == c])) for c in ids}
+        mean = {c: float(distance[owner == c].mean()) for c in ids}
         chosen = min(ids, key=lambda c: mean[c])
         return chosen, {"mean_distance": {str(c): round(v, 6) for c, v in mean.items()}}
 
